@@ -1,0 +1,1 @@
+"""The redis backend for leasekit: not implemented yet, and not registered as a scheme."""

@@ -1,0 +1,1 @@
+"""The sqlite backend for leasekit: not implemented yet, and not registered as a scheme."""

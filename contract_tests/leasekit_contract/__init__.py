@@ -1,0 +1,1 @@
+"""The leasekit conformance suite."""

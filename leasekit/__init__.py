@@ -1,0 +1,106 @@
+"""leasekit: distributed leases with one owner per key, server clocks and fencing tokens.
+
+The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
+(``memory://``, and the backend plugins' schemes); :func:`lease_provider_for` turns
+"maybe a provider" into one, falling back to the noop provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ._capabilities import Capabilities, capabilities_of
+from ._contract import (
+    MAX_NAME_BYTES,
+    MAX_TTL_MS,
+    LeaseProvider,
+    LeaseResult,
+    ManagedLeaseProvider,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
+from ._detection import NOOP, NoopLeaseProvider, is_lease_provider, lease_provider_for
+from ._errors import (
+    BackendLacksCapability,
+    BackendUnavailable,
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseError,
+    LeasekitWarning,
+    LeaseLost,
+    LeaseProviderClosed,
+)
+from ._memory import MemoryLeaseProvider
+from ._registry import BackendInfo, BackendRegistry
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_TTL_MS",
+    "NOOP",
+    "BackendInfo",
+    "BackendLacksCapability",
+    "BackendUnavailable",
+    "Capabilities",
+    "InvalidLeaseArgument",
+    "LeaseBackendError",
+    "LeaseError",
+    "LeaseLost",
+    "LeaseProvider",
+    "LeaseProviderClosed",
+    "LeaseResult",
+    "LeasekitWarning",
+    "ManagedLeaseProvider",
+    "MemoryLeaseProvider",
+    "NoopLeaseProvider",
+    "__version__",
+    "available_backends",
+    "capabilities_of",
+    "connect",
+    "is_lease_provider",
+    "lease_provider_for",
+    "register",
+    "validate_key",
+    "validate_owner",
+    "validate_ttl_ms",
+]
+
+__version__ = "0.1.0.dev0"
+
+_registry = BackendRegistry()
+
+
+def connect(url: str, *, require: Iterable[str] | str = (), **options: Any) -> ManagedLeaseProvider:
+    """Return a provider for ``url``, chosen by its scheme; use it with ``async with``.
+
+    The backend is imported on first use. ``options`` go to the backend's
+    ``from_url``. ``require`` names capabilities (``"fencing"``,
+    ``"atomic_transfer"``, ...) the backend must have, else
+    :class:`BackendLacksCapability`. No I/O happens here: connections open on
+    ``async with`` or on the first operation.
+
+    Raises :class:`BackendUnavailable` for an unknown scheme (listing the known ones)
+    or a backend whose extra is not installed (naming the ``pip install`` command),
+    and :class:`InvalidLeaseArgument` for a malformed URL or option.
+    """
+    return _registry.connect(url, require=require, **options)
+
+
+def register(scheme: str, target: str | type) -> None:
+    """Serve URL ``scheme`` with ``target`` (``"module:Class"`` or a class) from now on.
+
+    Overrides entry points and built-ins for that scheme. Nothing is imported until
+    the scheme is first used.
+    """
+    _registry.register(scheme, target)
+
+
+def available_backends(*, check: bool = False) -> list[BackendInfo]:
+    """List every known scheme with its distribution, from metadata alone.
+
+    With ``check=True`` each backend is imported to report whether it can load here;
+    a broken plugin is reported with a :class:`LeasekitWarning` and listed as not
+    loadable, and never affects other schemes.
+    """
+    return _registry.available(check=check)

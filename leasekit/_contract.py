@@ -1,0 +1,169 @@
+"""The lease contract: what every backend implements, and the one argument validator.
+
+Implementers need not inherit from :class:`LeaseProvider`: it is a
+:class:`typing.Protocol`, and leasekit detects providers structurally
+(:func:`leasekit.is_lease_provider`), so a class written without importing leasekit
+at all still qualifies. Inheriting is allowed and gives type checkers something to
+check against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+from ._capabilities import Capabilities
+from ._errors import InvalidLeaseArgument
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_TTL_MS",
+    "LeaseProvider",
+    "LeaseResult",
+    "ManagedLeaseProvider",
+    "validate_key",
+    "validate_owner",
+    "validate_ttl_ms",
+]
+
+MAX_NAME_BYTES = 1024
+"""Longest key or owner, in UTF-8 bytes."""
+
+MAX_TTL_MS = 2**31 - 1
+"""Longest lease, in milliseconds (about 24.8 days): fits every backend's TTL type."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """The outcome of :meth:`LeaseProvider.acquire_lease`.
+
+    ``acquired`` says whether the caller holds the lease now. ``owner`` is the holder:
+    the caller when acquired, otherwise the current holder (``None`` only when the
+    holder's lease expired between the check and the answer). ``token`` is the fencing
+    token of the caller's lease on backends that declare ``fencing=True``; ``None``
+    when denied or when the backend has no fencing.
+    """
+
+    acquired: bool
+    owner: str | None
+    token: int | None = None
+
+
+class LeaseProvider(Protocol):
+    """The five operations every lease backend implements, with identical semantics.
+
+    All five are atomic on the store and decided by the store's clock. Every backend
+    validates its arguments with :func:`validate_key`, :func:`validate_owner` and
+    :func:`validate_ttl_ms` before any I/O.
+    """
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        """Take ``key`` for ``owner`` for ``ttl_ms`` if it is free, expired, or already ours.
+
+        Re-acquiring a lease the owner already holds resets its TTL and keeps its
+        token. A denied acquire reports the current holder.
+        """
+        ...
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        """Return the live holder of ``key``, or ``None`` if it is free or expired."""
+        ...
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        """Free ``key`` if ``owner`` holds it; otherwise do nothing (never disturbs the holder)."""
+        ...
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live lease; ``False`` (and no change) if not the holder."""
+        ...
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live lease to ``to_owner`` with a fresh ``ttl_ms``.
+
+        On backends with ``atomic_transfer=True`` the key is never free in between.
+        ``False`` (and no change) if ``from_owner`` is not the live holder.
+        """
+        ...
+
+
+class ManagedLeaseProvider(LeaseProvider, Protocol):
+    """A provider as backends build it: the contract plus capabilities and a lifecycle.
+
+    What :func:`leasekit.connect` returns. Use it as ``async with`` (or call
+    :meth:`aclose`); operations after closing raise :class:`LeaseProviderClosed`.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The guarantees this backend declares."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections the provider opened (never a caller's own client)."""
+        ...
+
+    async def __aenter__(self) -> ManagedLeaseProvider: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _validate_name(value: object, argument: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidLeaseArgument(argument, f"must be a str, got {_describe(value)}", value)
+    if not value:
+        raise InvalidLeaseArgument(argument, "must not be empty", value)
+    # Fast path: 256 code points can never exceed 1024 UTF-8 bytes, but the encode
+    # still has to run to reject lone surrogates, which no store can round-trip.
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidLeaseArgument(
+            argument,
+            f"must be encodable as UTF-8 (lone surrogate at index {exc.start})",
+            value,
+        ) from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidLeaseArgument(
+            argument, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {size}", value
+        )
+    return value
+
+
+def validate_key(key: object, argument: str = "key") -> str:
+    """Check a lease key and return it: a non-empty ``str`` of at most 1024 UTF-8 bytes.
+
+    Any code point UTF-8 can encode is allowed, NUL included; lone surrogates are not.
+    Raises :class:`InvalidLeaseArgument` naming ``argument``.
+    """
+    return _validate_name(key, argument)
+
+
+def validate_owner(owner: object, argument: str = "owner") -> str:
+    """Check an owner id and return it; the same rules as :func:`validate_key`."""
+    return _validate_name(owner, argument)
+
+
+def validate_ttl_ms(ttl_ms: object, argument: str = "ttl_ms") -> int:
+    """Check a TTL and return it: an ``int`` (not ``bool``, not ``float``) in 1..2**31-1."""
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int):
+        raise InvalidLeaseArgument(
+            argument, f"must be an int number of milliseconds, got {_describe(ttl_ms)}", ttl_ms
+        )
+    if not 1 <= ttl_ms <= MAX_TTL_MS:
+        raise InvalidLeaseArgument(
+            argument, f"must be between 1 and {MAX_TTL_MS} milliseconds, got {ttl_ms}", ttl_ms
+        )
+    return int(ttl_ms)

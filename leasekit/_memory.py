@@ -1,0 +1,229 @@
+"""The ``memory://`` provider: in-process leases for tests and single-process programs."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from ._capabilities import Capabilities
+from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+
+__all__ = ["MemoryLeaseProvider"]
+
+_NS_PER_MS = 1_000_000
+
+
+@dataclass(slots=True)
+class _Lease:
+    owner: str
+    token: int
+    expires_ns: int
+
+
+class _MemoryStore:
+    """One table of leases, guarded by a lock so several event loops may share it.
+
+    Every operation runs start to finish under the lock without awaiting, which is
+    what makes it atomic; the lock only matters when threads (the sync facade, or
+    several loops) share a named store.
+    """
+
+    def __init__(self, clock_ns: Callable[[], int]) -> None:
+        self.clock_ns = clock_ns
+        self.lock = threading.Lock()
+        self.leases: dict[str, _Lease] = {}
+        # One counter for the whole store: a token greater than every token ever
+        # issued is in particular greater than every token of that key, and expired
+        # keys can then be forgotten without keeping a per-key counter alive.
+        self.last_token = 0
+        # (expires_ns, token, key) candidates for sweeping; stale entries are skipped.
+        self.expiries: list[tuple[int, int, str]] = []
+
+    def live(self, key: str, now_ns: int) -> _Lease | None:
+        lease = self.leases.get(key)
+        if lease is not None and lease.expires_ns <= now_ns:
+            del self.leases[key]
+            return None
+        return lease
+
+    def grant(self, key: str, owner: str, ttl_ms: int, now_ns: int) -> _Lease:
+        self.last_token += 1
+        lease = _Lease(owner, self.last_token, now_ns + ttl_ms * _NS_PER_MS)
+        self.leases[key] = lease
+        self.schedule(key, lease)
+        return lease
+
+    def extend(self, key: str, lease: _Lease, ttl_ms: int, now_ns: int) -> None:
+        lease.expires_ns = now_ns + ttl_ms * _NS_PER_MS
+        self.schedule(key, lease)
+
+    def schedule(self, key: str, lease: _Lease) -> None:
+        heapq.heappush(self.expiries, (lease.expires_ns, lease.token, key))
+        if len(self.expiries) > 2 * len(self.leases) + 64:
+            # Renewals leave stale heap entries behind; rebuild so the heap stays
+            # proportional to the live table however long the TTLs are.
+            self.expiries = [(v.expires_ns, v.token, k) for k, v in self.leases.items()]
+            heapq.heapify(self.expiries)
+
+    def sweep(self, now_ns: int) -> None:
+        """Forget expired leases, so memory follows live keys, not every key ever used."""
+        expiries = self.expiries
+        while expiries and expiries[0][0] <= now_ns:
+            _, token, key = heapq.heappop(expiries)
+            lease = self.leases.get(key)
+            if lease is not None and lease.token == token and lease.expires_ns <= now_ns:
+                del self.leases[key]
+
+
+_named_stores: dict[str, _MemoryStore] = {}
+_named_lock = threading.Lock()
+
+
+class MemoryLeaseProvider:
+    """Leases in this process's memory: asyncio-safe, thread-safe, fencing tokens.
+
+    ``memory://`` gives a private store; ``memory://NAME`` a store shared by every
+    provider in this process opened with the same name (it lives until the process
+    exits). Expiry follows the monotonic clock and is applied lazily; expired
+    entries are swept as writes happen. Nothing is shared with other processes: use
+    ``sqlite:///path`` for that.
+    """
+
+    capabilities = Capabilities(
+        atomic_transfer=True,
+        fencing=True,
+        ttl_resolution_ms=1,
+        min_ttl_ms=1,
+        server_clock=True,  # the one clock every participant reads is the store's own
+        shared_across_processes=False,
+        shared_across_hosts=False,
+        persistent=False,
+    )
+
+    def __init__(
+        self, name: str | None = None, *, clock_ns: Callable[[], int] | None = None
+    ) -> None:
+        if name is None:
+            self._store = _MemoryStore(time.monotonic_ns if clock_ns is None else clock_ns)
+        else:
+            checked: object = name  # callers may pass anything; check at run time
+            if not isinstance(checked, str) or not checked:
+                raise InvalidLeaseArgument("name", f"must be a non-empty str, got {name!r}")
+            if clock_ns is not None:
+                raise InvalidLeaseArgument("clock_ns", "cannot be set for a named store")
+            with _named_lock:
+                store = _named_stores.get(name)
+                if store is None:
+                    store = _named_stores[name] = _MemoryStore(time.monotonic_ns)
+            self._store = store
+        self.name = name
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryLeaseProvider:
+        """Build from ``memory://`` (private) or ``memory://NAME`` (shared in-process)."""
+        if options:
+            raise InvalidLeaseArgument(
+                "options", f"memory:// takes no options, got {sorted(options)}"
+            )
+        prefix = "memory://"
+        if not url.lower().startswith(prefix) or "?" in url or "#" in url:
+            raise InvalidLeaseArgument(
+                "url", f"must look like memory:// or memory://NAME, got {url!r}"
+            )
+        name = url[len(prefix) :]
+        return cls(name or None)
+
+    def _check(self) -> _MemoryStore:
+        if self._closed:
+            raise LeaseProviderClosed("memory")
+        return self._store
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        validate_key(key)
+        validate_owner(owner)
+        validate_ttl_ms(ttl_ms)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            store.sweep(now)
+            lease = store.live(key, now)
+            if lease is None:
+                lease = store.grant(key, owner, ttl_ms, now)
+                return LeaseResult(True, owner, lease.token)
+            if lease.owner == owner:
+                store.extend(key, lease, ttl_ms, now)
+                return LeaseResult(True, owner, lease.token)
+            return LeaseResult(False, lease.owner, None)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        validate_key(key)
+        store = self._check()
+        with store.lock:
+            lease = store.live(key, store.clock_ns())
+            return None if lease is None else lease.owner
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        validate_key(key)
+        validate_owner(owner)
+        store = self._check()
+        with store.lock:
+            lease = store.live(key, store.clock_ns())
+            if lease is not None and lease.owner == owner:
+                del store.leases[key]
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        validate_key(key)
+        validate_owner(owner)
+        validate_ttl_ms(ttl_ms)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            lease = store.live(key, now)
+            if lease is None or lease.owner != owner:
+                return False
+            store.extend(key, lease, ttl_ms, now)
+            return True
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        validate_key(key)
+        validate_owner(from_owner, "from_owner")
+        validate_owner(to_owner, "to_owner")
+        validate_ttl_ms(ttl_ms)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            lease = store.live(key, now)
+            if lease is None or lease.owner != from_owner:
+                return False
+            if to_owner == from_owner:
+                store.extend(key, lease, ttl_ms, now)
+            else:
+                store.grant(key, to_owner, ttl_ms, now)
+            return True
+
+    async def aclose(self) -> None:
+        """Close this provider; a named store stays for other providers of that name."""
+        self._closed = True
+
+    async def __aenter__(self) -> MemoryLeaseProvider:
+        self._check()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        where = "private" if self.name is None else repr(self.name)
+        return f"MemoryLeaseProvider({where}{', closed' if self._closed else ''})"
