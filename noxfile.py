@@ -1,0 +1,46 @@
+"""Every developer task: ``nox -s lint types tests docs`` is what CI runs."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+nox.options.sessions = ["lint", "types", "tests", "docs"]
+
+PYTHON = "3"  # whichever python3 runs nox; CI pins nothing more
+
+
+def install_and_run(session: nox.Session, extras: str, *command: str) -> None:
+    """Install leasekit with ``extras`` (editable) into the session, then run ``command``."""
+    session.install("-e", f".[{extras}]" if extras else ".")
+    session.run(*command, *session.posargs)
+
+
+@nox.session(python=PYTHON, tags=["memory"])
+def tests(session: nox.Session) -> None:
+    """The test suite: core units, the conformance suite on every available backend."""
+    install_and_run(session, "test", "pytest")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def types(session: nox.Session) -> None:
+    """mypy --strict over leasekit, the backends and the conformance suite."""
+    session.install("mypy>=1.11")
+    install_and_run(session, "test", "mypy")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """A strict mkdocs build of docs/."""
+    session.install("mkdocs>=1.6")
+    session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site")
