@@ -1,1 +1,5 @@
-"""The sqlite backend for leasekit: not implemented yet, and not registered as a scheme."""
+"""The SQLite backend for leasekit: ``sqlite:///path``, one file shared by a host's processes."""
+
+from ._provider import SQLiteLeaseProvider
+
+__all__ = ["SQLiteLeaseProvider"]

@@ -1,0 +1,126 @@
+"""Every SQL statement the SQLite backend runs, each in one place with why it is atomic.
+
+Keys and owners are stored as UTF-8 ``BLOB``s so NUL and every other code point
+round-trip byte for byte. Times are integer milliseconds of the host's wall clock,
+read by SQLite itself (``julianday('now')``, which is fixed for the duration of one
+statement), so every process on the host judges expiry by the same clock at the
+moment the statement runs, never by a timestamp taken earlier in Python.
+
+Fencing tokens live in the rows. Released leases stay as expired rows ("tombstones")
+that keep their token, so the next acquire of that key continues from it. The sweep
+deletes expired rows in bounded batches and first raises ``token_floor`` in the meta
+table above every token it deletes; a key inserted afresh starts at
+``token_floor + 1``. Together: every token for a key is strictly greater than all
+tokens issued for it before, across release, expiry, sweeps and restarts.
+
+Each write runs inside ``BEGIN IMMEDIATE``, which takes SQLite's single write lock
+up front: the statement that decides (an UPSERT or UPDATE with the ownership
+condition in its ``WHERE``) therefore sees and changes the row with no other writer
+in between, in this process or any other.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+
+# Idempotent: every process may run it on first use.
+CREATE_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS leasekit_leases (
+        key BLOB PRIMARY KEY NOT NULL,
+        owner BLOB NOT NULL,
+        token INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    ) WITHOUT ROWID
+    """,
+    "CREATE INDEX IF NOT EXISTS leasekit_leases_expiry ON leasekit_leases (expires_at_ms)",
+    """
+    CREATE TABLE IF NOT EXISTS leasekit_meta (
+        name TEXT PRIMARY KEY NOT NULL,
+        value INTEGER NOT NULL
+    )
+    """,
+    "INSERT OR IGNORE INTO leasekit_meta (name, value) VALUES ('token_floor', 0)",
+    "INSERT OR IGNORE INTO leasekit_meta (name, value) "
+    f"VALUES ('schema_version', {SCHEMA_VERSION})",
+)
+
+SCHEMA_VERSION_QUERY = "SELECT value FROM leasekit_meta WHERE name = 'schema_version'"
+
+# :key, :owner, :ttl_ms. Inserts a free key, or takes over an expired row (new token)
+# or refreshes the caller's own live lease (same token). A live row of another owner
+# fails the WHERE, so nothing is returned and nothing is written.
+ACQUIRE = f"""
+    INSERT INTO leasekit_leases (key, owner, token, expires_at_ms)
+    VALUES (
+        :key,
+        :owner,
+        (SELECT value FROM leasekit_meta WHERE name = 'token_floor') + 1,
+        {NOW_MS} + :ttl_ms
+    )
+    ON CONFLICT (key) DO UPDATE SET
+        token = CASE
+            WHEN owner = excluded.owner AND expires_at_ms > {NOW_MS} THEN token
+            ELSE token + 1
+        END,
+        owner = excluded.owner,
+        expires_at_ms = excluded.expires_at_ms
+    WHERE owner = excluded.owner OR expires_at_ms <= {NOW_MS}
+    RETURNING token
+"""
+
+# :key. The live holder, if any.
+OWNER = f"SELECT owner FROM leasekit_leases WHERE key = :key AND expires_at_ms > {NOW_MS}"
+
+# :key, :owner, :ttl_ms. Only the live holder's row matches.
+RENEW = f"""
+    UPDATE leasekit_leases SET expires_at_ms = {NOW_MS} + :ttl_ms
+    WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
+"""
+
+# :key, :owner. Expire the holder's row at once; the row keeps its token (tombstone).
+RELEASE = f"""
+    UPDATE leasekit_leases SET expires_at_ms = 0
+    WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
+"""
+
+# :key, :from_owner, :to_owner, :ttl_ms. One UPDATE moves ownership: the key is
+# never free in between. Transfer to oneself is a renew and keeps the token.
+TRANSFER = f"""
+    UPDATE leasekit_leases SET
+        token = CASE WHEN owner = :to_owner THEN token ELSE token + 1 END,
+        owner = :to_owner,
+        expires_at_ms = {NOW_MS} + :ttl_ms
+    WHERE key = :key AND owner = :from_owner AND expires_at_ms > {NOW_MS}
+"""
+
+# The sweep, in one IMMEDIATE transaction with a cutoff fixed by SWEEP_CUTOFF, so the
+# floor is raised over exactly the rows that are then deleted. :cutoff, :batch.
+SWEEP_CUTOFF = f"SELECT {NOW_MS}"
+_SWEEP_BATCH = """
+    SELECT key, token FROM leasekit_leases
+    WHERE expires_at_ms <= :cutoff
+    ORDER BY expires_at_ms, key
+    LIMIT :batch
+"""
+SWEEP_RAISE_FLOOR = f"""
+    UPDATE leasekit_meta
+    SET value = MAX(value, COALESCE((SELECT MAX(token) FROM ({_SWEEP_BATCH})), 0))
+    WHERE name = 'token_floor'
+"""
+SWEEP_DELETE = f"""
+    DELETE FROM leasekit_leases WHERE key IN (SELECT key FROM ({_SWEEP_BATCH}))
+"""
+
+# :prefix (a BLOB, or NULL for all), :limit. Live leases for `leasekit inspect`.
+INSPECT = f"""
+    SELECT key, owner, token, expires_at_ms - {NOW_MS} FROM leasekit_leases
+    WHERE expires_at_ms > {NOW_MS}
+        AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
+    ORDER BY key
+    LIMIT :limit
+"""
+
+COUNT_ROWS = "SELECT COUNT(*) FROM leasekit_leases"
