@@ -1,32 +1,54 @@
-"""The ``leasekit`` command line: ``demo`` and ``backends``."""
+"""The ``leasekit`` command line.
+
+Exit status: 0 done (acquired, renewed, owned, verdict clean); 1 the answer is no (held
+elsewhere, not renewed, free, exclusivity violated); 2 usage error (bad arguments or
+URL); 3 backend error (unavailable, unreachable, timed out).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import subprocess
 import sys
-import uuid
-from collections.abc import Sequence
+import tempfile
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 from . import __version__, available_backends, connect
-from ._demo import DemoReport, Holding, run_demo
-from ._errors import LeaseError
+from ._capabilities import capabilities_of
+from ._demo import DemoConfig, DemoReport, Holding, Views, run_demo
+from ._errors import InvalidLeaseArgument, LeaseError
 
 EXIT_OK = 0
-EXIT_VIOLATION = 1
+EXIT_NO = 1
 EXIT_USAGE = 2
 EXIT_BACKEND = 3
 
 
+class _UsageError(Exception):
+    """A command line mistake found after parsing (exit status 2)."""
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
     return value
@@ -34,22 +56,24 @@ def _positive_float(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="leasekit", description="Distributed leases: demo, backends and more."
+        prog="leasekit",
+        description="Distributed leases from the command line.",
+        epilog="Exit status: 0 yes/done, 1 no (held elsewhere, not renewed, free, "
+        "violation), 2 usage error, 3 backend error.",
     )
     parser.add_argument("--version", action="version", version=f"leasekit {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
         "demo",
-        help="workers contend for thread keys, hand them off and survive a crash",
-        description="Workers contend for thread keys: owners renew and hand keys to queued "
-        "successors, one worker crashes mid-lease and its key is taken over after the "
-        "TTL. The verdict replays every worker's log and checks that no two owners ever "
-        "overlapped. Exit status 1 if they did.",
+        help="worker processes contend for thread keys, hand off and survive a kill",
+        description="Worker processes contend for thread keys on one store: owners renew "
+        "and hand keys to queued successors, one worker is killed mid-lease and its key "
+        "is taken over after the TTL. The verdict replays every worker's log and checks "
+        "that no two owners ever overlapped. Exit status 1 if they did.",
     )
-    demo.add_argument(
-        "--url", help="backend URL (default: a fresh in-process memory:// store)", default=None
-    )
+    demo.add_argument("--url", help="backend URL (default: a fresh temporary SQLite file)")
     demo.add_argument("--workers", type=_positive_int, default=6, help="workers (default 6)")
     demo.add_argument("--keys", type=_positive_int, default=3, help="thread keys (default 3)")
     demo.add_argument(
@@ -58,18 +82,69 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--ttl-ms", type=_positive_int, default=600, help="lease TTL in ms (default 600)"
     )
-    demo.add_argument("--quiet", action="store_true", help="print only the verdict")
+    demo.add_argument("--quiet", action="store_true", help="no live view, only the verdict")
 
-    commands.add_parser("backends", help="list URL schemes and whether they load here")
+    backends = commands.add_parser("backends", help="list URL schemes and whether they load")
+    backends.add_argument("--json", action="store_true", help="JSON output")
+
+    def lease_command(name: str, help_text: str, *owners: str, ttl: bool) -> None:
+        command = commands.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("url", metavar="URL")
+        command.add_argument("key", metavar="KEY")
+        for owner in owners:
+            command.add_argument(owner.lower(), metavar=owner)
+        if ttl:
+            command.add_argument("--ttl-ms", type=_positive_int, required=True)
+        command.add_argument("--json", action="store_true", help="JSON output")
+
+    lease_command("acquire", "take KEY for OWNER (exit 1 if held elsewhere)", "OWNER", ttl=True)
+    lease_command("owner", "print the live owner of KEY (exit 1 if free)", ttl=False)
+    lease_command("renew", "extend OWNER's lease (exit 1 if not the holder)", "OWNER", ttl=True)
+    lease_command("release", "free KEY if OWNER holds it", "OWNER", ttl=False)
+    lease_command(
+        "transfer",
+        "hand KEY from FROM to TO (exit 1 if FROM is not the holder)",
+        "FROM",
+        "TO",
+        ttl=True,
+    )
+
+    inspect = commands.add_parser("inspect", help="list live leases (backends that can list)")
+    inspect.add_argument("url", metavar="URL")
+    inspect.add_argument("--prefix", help="only keys starting with this")
+    inspect.add_argument("--limit", type=_positive_int, default=1000)
+    inspect.add_argument("--json", action="store_true", help="JSON output")
+
+    check = commands.add_parser(
+        "check",
+        help="run the conformance suite against a live store",
+        description="Run the leasekit conformance suite against URL (needs "
+        "pip install 'leasekit[test]'). Extra arguments go to pytest.",
+    )
+    check.add_argument("url", metavar="URL")
+    check.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
     return parser
 
 
-def _print_views(views: dict[str, tuple[str | None, int | None]], elapsed_s: float) -> None:
-    cells = []
-    for key, (owner, token) in views.items():
-        who = owner if owner is not None else "-"
-        cells.append(f"{key}: {who}" + (f" #{token}" if token is not None else ""))
-    print(f"[{elapsed_s:5.1f}s] " + " | ".join(cells), flush=True)
+# -- demo -----------------------------------------------------------------------------------
+
+
+def _render(views: Views, elapsed_s: float, killed: str | None) -> Any:
+    from rich.table import Table  # noqa: PLC0415 (rich is loaded only when drawing)
+
+    table = Table(title=f"leasekit demo  {elapsed_s:4.1f} s", title_justify="left", min_width=64)
+    table.add_column("thread key")
+    table.add_column("owner")
+    for key, owner in views.items():
+        if owner is None:
+            table.add_row(key, "[dim]free[/dim]")
+        elif owner == killed:
+            table.add_row(key, f"[red]{owner} (killed, expiring)[/red]")
+        else:
+            table.add_row(key, f"[green]{owner}[/green]")
+    if killed is not None:
+        table.caption = f"killed {killed} while it held a lease"
+    return table
 
 
 def _print_report(report: DemoReport) -> None:
@@ -77,9 +152,10 @@ def _print_report(report: DemoReport) -> None:
     print(f"operations   {report.operations}")
     print(f"acquired     {report.acquired}")
     print(f"routed       {report.routed}   (work sent to the current owner)")
-    print(f"handoffs     {report.handoffs}   (transfer to a queued successor, never free)")
-    print(f"takeovers    {report.takeovers}   (a crashed owner's key taken after its TTL)")
+    print(f"handoffs     {report.handoffs}   (transfers to a queued successor, never free)")
+    print(f"takeovers    {report.takeovers}   (a killed owner's key taken after its TTL)")
     print(f"releases     {report.releases}")
+    print(f"killed       {report.killed or 'nobody (no holder found in time)'}")
     print(f"holdings     {len(report.holdings)}   (ownership intervals checked)")
     if report.exclusive:
         print("verdict      OK: zero overlapping ownerships")
@@ -102,50 +178,170 @@ def _describe(holding: Holding, origin_s: float) -> str:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    url = args.url or f"memory://leasekit-demo-{uuid.uuid4().hex[:8]}"
-    async with connect(url) as provider:
-        if not args.quiet:
-            print(
-                f"leasekit demo: {args.workers} workers, {args.keys} keys, "
-                f"{args.seconds:g} s on {url}"
-            )
-        report = await run_demo(
-            provider,
+    with tempfile.TemporaryDirectory(prefix="leasekit-demo-") as tmp:
+        url = args.url or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        config = DemoConfig(
+            url=url,
             workers=args.workers,
             keys=args.keys,
             seconds=args.seconds,
             ttl_ms=args.ttl_ms,
-            on_tick=None if args.quiet else _print_views,
         )
+        async with connect(url) as provider:
+            mode = (
+                "processes"
+                if capabilities_of(provider).shared_across_processes
+                else "tasks in one process"
+            )
+            print(
+                f"leasekit demo: {args.workers} workers ({mode}), {args.keys} keys, "
+                f"{args.seconds:g} s, TTL {args.ttl_ms} ms on {url}",
+                flush=True,
+            )
+            if args.quiet:
+                report = await run_demo(provider, config)
+            else:
+                from rich.console import Console  # noqa: PLC0415
+                from rich.live import Live  # noqa: PLC0415
+
+                console = Console()
+                with Live(console=console, auto_refresh=False, transient=False) as live:
+
+                    def tick(views: Views, elapsed_s: float, killed: str | None) -> None:
+                        live.update(_render(views, elapsed_s, killed), refresh=True)
+
+                    report = await run_demo(provider, config, on_tick=tick)
     _print_report(report)
-    return EXIT_OK if report.exclusive else EXIT_VIOLATION
+    return EXIT_OK if report.exclusive else EXIT_NO
 
 
-def _backends() -> int:
-    rows = [("SCHEME", "DISTRIBUTION", "TARGET", "LOADS")]
-    for info in available_backends(check=True):
-        status = "yes" if info.loadable else f"no: {info.error}"
-        rows.append((info.scheme, info.distribution or "(registered)", info.target, status))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3]
-        )
+# -- one-shot commands -------------------------------------------------------------------------
+
+
+def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
+    print(json.dumps(payload) if args.json else text)
+
+
+async def _lease_command(args: argparse.Namespace) -> int:
+    async with connect(args.url) as provider:
+        if args.command == "acquire":
+            result = await provider.acquire_lease(args.key, args.owner, args.ttl_ms)
+            _emit(
+                args,
+                {"key": args.key, **asdict(result)},
+                f"acquired (token {result.token})"
+                if result.acquired
+                else f"held by {result.owner}",
+            )
+            return EXIT_OK if result.acquired else EXIT_NO
+        if args.command == "owner":
+            owner = await provider.get_lease_owner(args.key)
+            _emit(args, {"key": args.key, "owner": owner}, owner if owner is not None else "free")
+            return EXIT_OK if owner is not None else EXIT_NO
+        if args.command == "renew":
+            renewed = await provider.renew_lease(args.key, args.owner, args.ttl_ms)
+            _emit(args, {"key": args.key, "renewed": renewed}, "renewed" if renewed else "not held")
+            return EXIT_OK if renewed else EXIT_NO
+        if args.command == "release":
+            await provider.release_lease(args.key, args.owner)
+            _emit(args, {"key": args.key, "released": True}, "released (if it was held)")
+            return EXIT_OK
+        moved = await provider.transfer_lease(args.key, getattr(args, "from"), args.to, args.ttl_ms)
+        _emit(args, {"key": args.key, "transferred": moved}, "transferred" if moved else "not held")
+        return EXIT_OK if moved else EXIT_NO
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    async with connect(args.url) as provider:
+        lister: Callable[..., Awaitable[list[Any]]] | None = getattr(provider, "inspect", None)
+        if lister is None:
+            raise _UsageError(f"the backend for {args.url.split(':', 1)[0]}:// cannot list leases")
+        records = await lister(args.prefix, limit=args.limit)
+    if args.json:
+        print(json.dumps([asdict(r) for r in records]))
+    else:
+        for r in records:
+            print(f"{r.key}\t{r.owner}\ttoken={r.token}\tremaining_ms={r.remaining_ms}")
     return EXIT_OK
+
+
+def _backends(args: argparse.Namespace) -> int:
+    infos = available_backends(check=True)
+    if args.json:
+        print(json.dumps([asdict(info) for info in infos]))
+        return EXIT_OK
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table()
+    for column in ("scheme", "distribution", "loads here", "capabilities"):
+        table.add_column(column, overflow="fold")
+    for info in infos:
+        caps = info.capabilities
+        flags = ""
+        if caps is not None:
+            names = [k for k, v in asdict(caps).items() if v is True]
+            flags = f"{', '.join(names)}; TTL step {caps.ttl_resolution_ms} ms"
+        loads = "yes" if info.loadable else f"no: {info.error}"
+        table.add_row(info.scheme, info.distribution or "(registered)", loads, flags)
+    Console(width=max(Console().width, 120)).print(table)
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        import leasekit_contract  # noqa: F401, PLC0415
+        import pytest  # noqa: F401, PLC0415
+    except ImportError as exc:
+        raise _UsageError(
+            f"leasekit check needs the test extra ({exc.name} is missing): "
+            "pip install 'leasekit[test]'"
+        ) from exc
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "leasekit_contract",
+        "--leasekit-url",
+        args.url,
+        "-q",
+        *args.pytest_args,
+    ]
+    return subprocess.call(command)  # noqa: S603 (our own interpreter, arguments as a list)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return asyncio.run(_demo(args))
+    if args.command == "backends":
+        return _backends(args)
+    if args.command == "inspect":
+        return asyncio.run(_inspect(args))
+    if args.command == "check":
+        return _check(args)
+    return asyncio.run(_lease_command(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return asyncio.run(_demo(args))
-        return _backends()
+        return _dispatch(args)
+    except (InvalidLeaseArgument, _UsageError) as exc:
+        _fail(args, exc)
+        return EXIT_USAGE
     except LeaseError as exc:
-        print(f"leasekit: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_BACKEND
+        _fail(args, exc)
+        return EXIT_BACKEND
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(args: argparse.Namespace, exc: BaseException) -> None:
+    if args.debug:
+        traceback.print_exception(exc)
+    print(f"leasekit: error: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

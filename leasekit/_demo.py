@@ -1,27 +1,69 @@
-"""``leasekit demo``: workers contend for thread keys, hand them off, and survive a crash.
+"""``leasekit demo``: workers contend for thread keys, hand them off, and survive a kill.
 
-Every worker logs the intervals during which it believed it owned a key; the verdict
-replays those logs and proves (or disproves) that no two owners overlapped. A
-worker's belief starts when the grant returns and ends when it starts to release or
-hand off, or when the lease must have expired counted from *before* the last call
-that granted or renewed it: the conservative bound a careful client uses.
+Each worker is a separate process with its own connection (or, for a store that is
+not shared across processes such as ``memory://``, a task in this process). Workers
+acquire a thread key or learn its owner and route work there (queueing as its
+successor); owners renew while they work, then hand the key to a queued successor
+or release it. A third of the way in, the driver kills a worker that holds a key:
+its lease is taken over once the TTL runs out.
+
+Every worker appends what it believed to a log of its own, line by line, so a killed
+worker's log survives. A belief starts when a grant returns and ends when the
+worker starts to release or hand off, or when the lease must have expired counted
+from *before* the last call that granted or renewed it: the conservative bound a
+careful client uses. The verdict replays all logs and proves (or disproves) that no
+two owners of a key ever overlapped, and that fencing tokens follow time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import dataclasses
 import itertools
+import json
+import multiprocessing
+import os
 import random
+import signal
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from ._capabilities import capabilities_of
 from ._contract import LeaseProvider
 
-__all__ = ["DemoReport", "Holding", "find_overlaps", "run_demo"]
+__all__ = ["DemoConfig", "DemoReport", "Holding", "find_overlaps", "judge", "run_demo"]
+
+_SUCCESSOR_PATIENCE_MS = 1000  # how long a queued successor waits for a handoff
+
+
+def _successor_slot(key: str) -> str:
+    """The key whose lease says who is next in line for ``key``: queueing is a lease too,
+    so a killed waiter leaves no stale entry behind."""
+    return key + "\0next"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """What one demo run does; picklable, so it travels to spawned workers."""
+
+    url: str
+    workers: int = 6
+    keys: int = 3
+    seconds: float = 10.0
+    ttl_ms: int = 600
+    log_dir: str = ""
+    deadline: float = 0.0  # time.monotonic(), shared by every process on the host
+
+    @property
+    def key_names(self) -> list[str]:
+        return [f"thread-{i}" for i in range(self.keys)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +75,13 @@ class Holding:
     token: int | None
     start_s: float
     end_s: float
-    how: str  # "acquired", "handed over" or "took over"
-    ended: str  # "released", "transferred", "expired" (the crash)
+    how: str  # "acquired" or "handed over"
+    ended: str  # "released", "transferred", "lost" or "killed"
 
 
 @dataclass
 class DemoReport:
-    """What the demo did and what the verdict found."""
+    """What the workers did and what the verdict found."""
 
     operations: int = 0
     acquired: int = 0
@@ -47,6 +89,7 @@ class DemoReport:
     handoffs: int = 0
     takeovers: int = 0
     releases: int = 0
+    killed: str | None = None
     holdings: list[Holding] = field(default_factory=list)
     overlaps: list[tuple[Holding, Holding]] = field(default_factory=list)
     token_disorder: list[tuple[Holding, Holding]] = field(default_factory=list)
@@ -56,11 +99,272 @@ class DemoReport:
         return not self.overlaps and not self.token_disorder
 
 
+# -- the worker: the same code in a process or in a task ---------------------------------
+
+
+class _Log:
+    """One worker's append-only JSON-lines log; each line is flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", encoding="utf-8")
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def write(self, event: str, **fields: Any) -> None:
+        self._file.write(json.dumps({"ev": event, **fields}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self.write("stats", **self.counts)
+        self._file.close()
+
+
+class _Worker:
+    def __init__(self, provider: LeaseProvider, owner: str, config: DemoConfig) -> None:
+        self.provider = provider
+        self.owner = owner
+        self.config = config
+        self.ttl_ms = capabilities_of(provider).effective_ttl_ms(config.ttl_ms)
+        self.ttl_s = self.ttl_ms / 1000
+        self.rng = random.Random(owner)
+        self.log = _Log(Path(config.log_dir) / f"{owner}.jsonl")
+
+    async def op(self, name: str, *args: Any) -> Any:
+        self.log.counts["operations"] += 1
+        return await getattr(self.provider, name)(*args)
+
+    async def run(self) -> None:
+        try:
+            while time.monotonic() < self.config.deadline:
+                key = self.rng.choice(self.config.key_names)
+                asked = time.monotonic()
+                result = await self.op("acquire_lease", key, self.owner, self.ttl_ms)
+                if result.acquired:
+                    self.log.counts["acquired"] += 1
+                    await self.own(key, result.token, asked, "acquired")
+                else:
+                    # Somebody owns the thread: route the work there, queue as successor.
+                    self.log.counts["routed"] += 1
+                    await self.wait_for_handoff(key)
+        finally:
+            self.log.close()
+
+    async def own(self, key: str, token: int | None, granted_at: float, how: str) -> None:
+        now = time.monotonic()
+        self.log.write(
+            "hold", key=key, owner=self.owner, token=token, start=now, granted=granted_at, how=how
+        )
+        for _ in range(self.rng.randint(1, 4)):
+            await asyncio.sleep(self.ttl_s / 4)  # a slice of work on the thread
+            asked = time.monotonic()
+            if not await self.op("renew_lease", key, self.owner, self.ttl_ms):
+                self.end(key, token, granted_at + self.ttl_s, "lost")
+                return
+            granted_at = asked
+            self.log.write("renew", key=key, owner=self.owner, token=token, granted=granted_at)
+        successor = await self.op("get_lease_owner", _successor_slot(key))
+        ending = min(time.monotonic(), granted_at + self.ttl_s)
+        if successor not in (None, self.owner) and await self.op(
+            "transfer_lease", key, self.owner, successor, self.ttl_ms
+        ):
+            self.log.counts["handoffs"] += 1
+            self.end(key, token, ending, "transferred")
+            return
+        await self.op("release_lease", key, self.owner)
+        self.log.counts["releases"] += 1
+        self.end(key, token, ending, "released")
+
+    def end(self, key: str, token: int | None, end: float, ended: str) -> None:
+        self.log.write("end", key=key, owner=self.owner, token=token, end=end, ended=ended)
+
+    async def wait_for_handoff(self, key: str) -> None:
+        """Queue up as ``key``'s successor and take it if its owner hands it over in time."""
+        slot = _successor_slot(key)
+        queued = await self.op("acquire_lease", slot, self.owner, _SUCCESSOR_PATIENCE_MS)
+        if not queued.acquired:
+            # Somebody else is next in line: try elsewhere after a pause.
+            await asyncio.sleep(self.ttl_s / 6 * self.rng.uniform(0.5, 1.5))
+            return
+        until = time.monotonic() + _SUCCESSOR_PATIENCE_MS / 1000
+        while time.monotonic() < min(until, self.config.deadline):
+            await asyncio.sleep(self.ttl_s / 6 * self.rng.uniform(0.5, 1.5))
+            if await self.op("get_lease_owner", key) == self.owner:
+                asked = time.monotonic()
+                # Idempotent re-acquire: confirms the lease and reads our token.
+                result = await self.op("acquire_lease", key, self.owner, self.ttl_ms)
+                await self.op("release_lease", slot, self.owner)
+                if result.acquired:
+                    await self.own(key, result.token, asked, "handed over")
+                return
+        await self.op("release_lease", slot, self.owner)
+
+
+def _worker_process(config: DemoConfig, owner: str) -> None:
+    """Entry point of a spawned worker: its own event loop and its own connection."""
+    from . import connect  # noqa: PLC0415 (spawned children import the package fresh)
+
+    async def main() -> None:
+        async with connect(config.url) as provider:
+            await _Worker(provider, owner, config).run()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+
+Views = dict[str, str | None]
+
+
+async def run_demo(
+    provider: LeaseProvider,
+    config: DemoConfig,
+    *,
+    on_tick: Callable[[Views, float, str | None], None] | None = None,
+) -> DemoReport:
+    """Run the demo against the store behind ``provider`` and return the verdict.
+
+    Workers are processes when the store is shared across processes, else tasks on
+    this loop sharing ``provider``. ``provider`` itself is used to watch the keys.
+    """
+    in_processes = capabilities_of(provider).shared_across_processes
+    with tempfile.TemporaryDirectory(prefix="leasekit-demo-") as log_dir:
+        start = time.monotonic()
+        config = dataclasses.replace(config, log_dir=log_dir, deadline=start + config.seconds)
+        owners = [f"worker-{i}-{uuid.uuid4().hex[:6]}" for i in range(config.workers)]
+        runners = _start_workers(provider, config, owners, in_processes=in_processes)
+        try:
+            killed = await _watch(provider, config, runners, start, on_tick)
+            await _join(runners, config, killed)
+        finally:
+            for runner in runners.values():
+                if isinstance(runner, asyncio.Task):
+                    runner.cancel()
+                elif runner.is_alive():
+                    runner.kill()
+        report = judge(Path(log_dir), config.ttl_ms / 1000)
+        report.killed = killed
+        return report
+
+
+def _start_workers(
+    provider: LeaseProvider, config: DemoConfig, owners: list[str], *, in_processes: bool
+) -> dict[str, Any]:
+    if not in_processes:
+        return {
+            owner: asyncio.create_task(_Worker(provider, owner, config).run()) for owner in owners
+        }
+    ctx = multiprocessing.get_context("spawn")
+    runners: dict[str, Any] = {}
+    for owner in owners:
+        process = ctx.Process(target=_worker_process, args=(config, owner), daemon=True)
+        process.start()
+        runners[owner] = process
+    return runners
+
+
+async def _watch(
+    provider: LeaseProvider,
+    config: DemoConfig,
+    runners: dict[str, Any],
+    start: float,
+    on_tick: Callable[[Views, float, str | None], None] | None,
+) -> str | None:
+    """Show owners until the deadline; a third of the way in, kill a holder."""
+    killed: str | None = None
+    kill_at = start + config.seconds / 3
+    while time.monotonic() < config.deadline:
+        await asyncio.sleep(0.25)
+        views = {key: await provider.get_lease_owner(key) for key in config.key_names}
+        if killed is None and time.monotonic() >= kill_at:
+            killed = _kill_a_holder(views, runners)
+        if on_tick is not None:
+            on_tick(views, time.monotonic() - start, killed)
+    return killed
+
+
+async def _join(runners: dict[str, Any], config: DemoConfig, killed: str | None) -> None:
+    for owner, runner in runners.items():
+        if isinstance(runner, asyncio.Task):
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        else:
+            # A worker finishes its current lease: at most a TTL and a few calls.
+            await asyncio.to_thread(runner.join, 2 * config.ttl_ms / 1000 + 10)
+            if runner.is_alive() and owner != killed:
+                runner.kill()
+
+
+def _kill_a_holder(views: Views, runners: dict[str, Any]) -> str | None:
+    """Kill one worker that holds a key right now, the way a crash or OOM kill would."""
+    for owner in views.values():
+        runner = runners.get(owner) if owner is not None else None
+        if runner is None:
+            continue
+        if isinstance(runner, asyncio.Task):
+            runner.cancel()  # no finally-release in the worker: the lease is abandoned
+        else:
+            os.kill(runner.pid, signal.SIGKILL)
+        return owner
+    return None
+
+
+# -- the verdict -----------------------------------------------------------------------------
+
+
+def _events(log_dir: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by the kill
+                yield json.loads(line)
+
+
+def judge(log_dir: Path, ttl_s: float) -> DemoReport:
+    """Rebuild every worker's beliefs from its log and check exclusivity."""
+    report = DemoReport()
+    open_holds: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in _events(log_dir):
+        kind = event["ev"]
+        where = (event.get("key", ""), event.get("owner", ""))
+        if kind == "hold":
+            open_holds[where] = {**event, "last_grant": event["granted"]}
+        elif kind == "renew" and where in open_holds:
+            open_holds[where]["last_grant"] = event["granted"]
+        elif kind == "end" and where in open_holds:
+            hold = open_holds.pop(where)
+            report.holdings.append(_holding(hold, event["end"], event["ended"]))
+        elif kind == "stats":
+            report.operations += event.get("operations", 0)
+            report.acquired += event.get("acquired", 0)
+            report.routed += event.get("routed", 0)
+            report.handoffs += event.get("handoffs", 0)
+            report.releases += event.get("releases", 0)
+    # No "end": the worker died holding it, believing in it until the lease ran out.
+    for hold in open_holds.values():
+        report.holdings.append(_holding(hold, hold["last_grant"] + ttl_s, "killed"))
+    report.overlaps, report.token_disorder = find_overlaps(report.holdings)
+    by_key: dict[str, list[Holding]] = collections.defaultdict(list)
+    for holding in report.holdings:
+        by_key[holding.key].append(holding)
+    for items in by_key.values():
+        items.sort(key=lambda h: h.start_s)
+        report.takeovers += sum(
+            1 for before, after in itertools.pairwise(items) if before.ended == "killed"
+        )
+    return report
+
+
+def _holding(hold: dict[str, Any], end: float, ended: str) -> Holding:
+    return Holding(
+        hold["key"], hold["owner"], hold["token"], hold["start"], end, hold["how"], ended
+    )
+
+
 def find_overlaps(
     holdings: list[Holding],
 ) -> tuple[list[tuple[Holding, Holding]], list[tuple[Holding, Holding]]]:
-    """Return (pairs of different owners overlapping in time, pairs whose tokens disagree
-    with time order) per key."""
+    """Per key: pairs of different owners overlapping in time, and pairs whose fencing
+    tokens disagree with the order in which the holdings started."""
     overlaps: list[tuple[Holding, Holding]] = []
     disorder: list[tuple[Holding, Holding]] = []
     by_key: dict[str, list[Holding]] = collections.defaultdict(list)
@@ -76,204 +380,6 @@ def find_overlaps(
                     overlaps.append((first, second))
         tokened = sorted((h for h in items if h.token is not None), key=lambda h: h.token or 0)
         for earlier, later in itertools.pairwise(tokened):
-            if later.token == earlier.token:
-                continue
-            if later.start_s < earlier.start_s:
+            if later.token != earlier.token and later.start_s < earlier.start_s:
                 disorder.append((earlier, later))
     return overlaps, disorder
-
-
-class _Demo:
-    def __init__(
-        self,
-        provider: LeaseProvider,
-        *,
-        workers: int,
-        keys: int,
-        seconds: float,
-        ttl_ms: int,
-        on_tick: Callable[[dict[str, tuple[str | None, int | None]], float], None] | None,
-    ) -> None:
-        self.provider = provider
-        self.keys = [f"thread-{i}" for i in range(keys)]
-        self.owners = [f"worker-{i}-{uuid.uuid4().hex[:6]}" for i in range(workers)]
-        self.crasher = self.owners[0]
-        self.seconds = seconds
-        self.ttl_ms = capabilities_of(provider).effective_ttl_ms(ttl_ms)
-        self.ttl_s = self.ttl_ms / 1000
-        self.on_tick = on_tick
-        self.report = DemoReport()
-        # Work routed to a key's owner queues its sender as a successor there.
-        self.successors: dict[str, collections.deque[str]] = {
-            k: collections.deque() for k in self.keys
-        }
-        self.views: dict[str, tuple[str | None, int | None]] = dict.fromkeys(
-            self.keys, (None, None)
-        )
-        self.crashed_keys: set[str] = set()
-
-    async def run(self) -> DemoReport:
-        start = time.monotonic()
-        self.deadline = start + self.seconds
-        # The crash comes a quarter of the way in, once handoffs are under way.
-        self.crash_after = start + self.seconds / 4
-        tasks = [asyncio.create_task(self.worker(owner)) for owner in self.owners]
-        ticker = asyncio.create_task(self.tick(start))
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            ticker.cancel()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(ticker, *tasks, return_exceptions=True)
-        report = self.report
-        report.overlaps, report.token_disorder = find_overlaps(report.holdings)
-        return report
-
-    async def tick(self, start: float) -> None:
-        while self.on_tick is not None:
-            await asyncio.sleep(0.5)
-            self.on_tick(dict(self.views), time.monotonic() - start)
-
-    async def worker(self, owner: str) -> None:
-        rng = random.Random(owner)
-        while time.monotonic() < self.deadline:
-            key = rng.choice(self.keys)
-            asked = time.monotonic()
-            result = await self.provider.acquire_lease(key, owner, self.ttl_ms)
-            self.report.operations += 1
-            if result.acquired:
-                self.report.acquired += 1
-                how = "took over" if key in self.crashed_keys else "acquired"
-                self.crashed_keys.discard(key)
-                if owner == self.crasher and time.monotonic() >= self.crash_after:
-                    await self.crash(key, owner, result.token, asked)
-                    return
-                await self.own(key, owner, token=result.token, granted_at=asked, how=how, rng=rng)
-            else:
-                # Somebody else owns the thread: route the work there and queue up.
-                self.report.routed += 1
-                queue = self.successors[key]
-                if owner not in queue and len(queue) < 2:
-                    queue.append(owner)
-                await self.wait_for_handoff(key, owner, rng)
-
-    async def own(
-        self,
-        key: str,
-        owner: str,
-        *,
-        token: int | None,
-        granted_at: float,
-        how: str,
-        rng: random.Random,
-    ) -> None:
-        start = time.monotonic()
-        self.views[key] = (owner, token)
-        for _ in range(rng.randint(1, 4)):
-            await asyncio.sleep(self.ttl_s / 4)  # a slice of work on the thread
-            asked = time.monotonic()
-            self.report.operations += 1
-            if not await self.provider.renew_lease(key, owner, self.ttl_ms):
-                self.record(
-                    key,
-                    owner,
-                    token=token,
-                    start=start,
-                    end=granted_at + self.ttl_s,
-                    how=how,
-                    ended="expired",
-                )
-                return
-            granted_at = asked
-        queue = self.successors[key]
-        while queue and queue[0] == owner:
-            queue.popleft()
-        successor = queue.popleft() if queue else None
-        ending = time.monotonic()
-        end = min(ending, granted_at + self.ttl_s)
-        if successor is not None and time.monotonic() < self.deadline:
-            self.report.operations += 1
-            if await self.provider.transfer_lease(key, owner, successor, self.ttl_ms):
-                self.report.handoffs += 1
-                self.record(
-                    key, owner, token=token, start=start, end=end, how=how, ended="transferred"
-                )
-                self.views[key] = (successor, None)
-                return
-        self.report.operations += 1
-        await self.provider.release_lease(key, owner)
-        self.report.releases += 1
-        self.record(key, owner, token=token, start=start, end=end, how=how, ended="released")
-        self.views[key] = (None, None)
-
-    async def wait_for_handoff(self, key: str, owner: str, rng: random.Random) -> None:
-        """Wait a little for the owner to hand the thread over; take it if it comes."""
-        for _ in range(4):
-            await asyncio.sleep(self.ttl_s / 6 * rng.uniform(0.5, 1.5))
-            self.report.operations += 1
-            if await self.provider.get_lease_owner(key) == owner:
-                asked = time.monotonic()
-                self.report.operations += 1
-                # Idempotent re-acquire: confirms the lease and reads our token.
-                result = await self.provider.acquire_lease(key, owner, self.ttl_ms)
-                if result.acquired:
-                    await self.own(
-                        key,
-                        owner,
-                        token=result.token,
-                        granted_at=asked,
-                        how="handed over",
-                        rng=rng,
-                    )
-                return
-        queue = self.successors[key]
-        if owner in queue:
-            queue.remove(owner)
-
-    async def crash(self, key: str, owner: str, token: int | None, granted_at: float) -> None:
-        """Hold the key and vanish without releasing, like a killed process."""
-        start = time.monotonic()
-        self.views[key] = (owner + " (crashed)", token)
-        self.crashed_keys.add(key)
-        self.record(
-            key,
-            owner,
-            token=token,
-            start=start,
-            end=granted_at + self.ttl_s,
-            how="acquired",
-            ended="expired",
-        )
-        await asyncio.sleep(self.ttl_s)
-
-    def record(
-        self,
-        key: str,
-        owner: str,
-        *,
-        token: int | None,
-        start: float,
-        end: float,
-        how: str,
-        ended: str,
-    ) -> None:
-        if how == "took over":
-            self.report.takeovers += 1
-        self.report.holdings.append(Holding(key, owner, token, start, end, how, ended))
-
-
-async def run_demo(
-    provider: LeaseProvider,
-    *,
-    workers: int = 6,
-    keys: int = 3,
-    seconds: float = 10.0,
-    ttl_ms: int = 600,
-    on_tick: Callable[[dict[str, tuple[str | None, int | None]], float], None] | None = None,
-) -> DemoReport:
-    """Run the contention demo on ``provider`` and return the report with its verdict."""
-    demo = _Demo(
-        provider, workers=workers, keys=keys, seconds=seconds, ttl_ms=ttl_ms, on_tick=on_tick
-    )
-    return await demo.run()

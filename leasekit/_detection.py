@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from types import TracebackType
 from typing import Any, cast
 
@@ -23,6 +24,9 @@ _METHODS = (
 
 
 def _missing_methods(obj: object) -> list[str]:
+    if isinstance(obj, type):
+        # A provider class is not a provider: its methods would be called unbound.
+        return list(_METHODS)
     return [name for name in _METHODS if not callable(getattr(obj, name, None))]
 
 
@@ -104,7 +108,7 @@ class NoopLeaseProvider:
 NOOP = NoopLeaseProvider()
 """The shared noop provider that :func:`lease_provider_for` falls back to."""
 
-_warned_types: set[type] = set()
+_warned_types: weakref.WeakSet[type] = weakref.WeakSet()
 _warned_lock = threading.Lock()
 
 

@@ -51,7 +51,9 @@ class BackendInfo:
     ``distribution`` is the installed distribution that declares it (``"leasekit"``
     for the built-ins, ``None`` for a :func:`leasekit.register` call). ``extras`` are
     the extras its entry point says it needs. ``loadable`` is ``None`` until checked,
-    then whether importing it worked; ``error`` says why not.
+    then whether importing it worked; ``error`` says why not. ``capabilities`` is what
+    the loaded class declares (``None`` until checked, or if it declares them only per
+    instance).
     """
 
     scheme: str
@@ -60,6 +62,7 @@ class BackendInfo:
     extras: tuple[str, ...] = ()
     loadable: bool | None = None
     error: str | None = None
+    capabilities: Capabilities | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,9 @@ class BackendRegistry:
                             stacklevel=3,
                         )
                         continue
-                    entry = _Entry(scheme, ep.value, dist, tuple(ep.extras))
+                    # ep.value keeps a trailing " [extra1]"; the import target must not.
+                    target = f"{ep.module}:{ep.attr}" if ep.attr else ep.module
+                    entry = _Entry(scheme, target, dist, tuple(ep.extras))
                     claims = found.setdefault(scheme, [])
                     # The same distribution seen twice (say, an editable install
                     # shadowing a wheel) is one claim, not a conflict.
@@ -264,6 +269,7 @@ class BackendRegistry:
             for entry in claims:
                 loadable: bool | None = None
                 error: str | None = None
+                capabilities: Capabilities | None = None
                 if len(claims) > 1:
                     loadable = False
                     error = "scheme claimed by " + " and ".join(
@@ -271,14 +277,19 @@ class BackendRegistry:
                     )
                 elif check:
                     try:
-                        self.load(scheme)
+                        cls = self.load(scheme)
                     except BackendUnavailable as exc:
                         loadable, error = False, str(exc)
                         cause = exc.__cause__
-                        if cause is not None and not isinstance(cause, ImportError):
+                        # A missing module is an extra not installed, which is normal;
+                        # any other failure (ImportError of a name included) is a bug.
+                        if cause is not None and not isinstance(cause, ModuleNotFoundError):
                             self._warn_once(scheme, str(exc))
                     else:
                         loadable = True
+                        declared = getattr(cls, "capabilities", None)
+                        if isinstance(declared, Capabilities):
+                            capabilities = declared
                 infos.append(
                     BackendInfo(
                         scheme=scheme,
@@ -287,6 +298,7 @@ class BackendRegistry:
                         extras=entry.extras,
                         loadable=loadable,
                         error=error,
+                        capabilities=capabilities,
                     )
                 )
         return infos
@@ -324,11 +336,21 @@ class BackendRegistry:
 
 
 def _validate_require(require: Iterable[str] | str) -> tuple[str, ...]:
-    names = (require,) if isinstance(require, str) else tuple(require)
+    if isinstance(require, str):
+        names: tuple[object, ...] = (require,)
+    else:
+        try:
+            names = tuple(require)
+        except TypeError:
+            raise InvalidLeaseArgument(
+                "require", f"must be capability names, got {require!r}"
+            ) from None
     flags = Capabilities.flag_names()
+    checked: list[str] = []
     for name in names:
-        if name not in flags:
+        if not isinstance(name, str) or name not in flags:
             raise InvalidLeaseArgument(
                 "require", f"unknown capability {name!r}; choose from {', '.join(flags)}"
             )
-    return names
+        checked.append(name)
+    return tuple(checked)

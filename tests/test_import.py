@@ -1,0 +1,79 @@
+"""Importing leasekit stays cheap: no backend driver or backend package is loaded.
+
+Checked in a fresh interpreter, since this test process has imported plenty already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# Drivers that belong to backends only, never to the core.
+DRIVERS = ("redis", "psycopg", "psycopg_pool", "aetcd", "etcd3", "grpc", "aiosqlite")
+
+PROBE = textwrap.dedent(
+    """
+    import json, sys
+
+    def top_level():
+        return sorted({name.partition(".")[0] for name in sys.modules})
+
+    import leasekit
+    stages = {"import": top_level()}
+
+    leasekit.available_backends()
+    stages["list"] = top_level()
+
+    import asyncio
+
+    async def main():
+        async with leasekit.connect("memory://") as provider:
+            result = await provider.acquire_lease("k", "owner", 1000)
+            assert result.acquired, result
+
+    asyncio.run(main())
+    stages["connect"] = top_level()
+    print(json.dumps(stages))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def loaded_modules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Top-level modules loaded after each stage, in a fresh interpreter."""
+    cwd: Path = tmp_path_factory.mktemp("import-probe")
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    stages: dict[str, list[str]] = json.loads(completed.stdout)
+    return stages
+
+
+@pytest.mark.parametrize("stage", ["import", "list", "connect"])
+def test_no_backend_driver_is_imported(loaded_modules: dict[str, list[str]], stage: str) -> None:
+    modules = set(loaded_modules[stage])
+    assert "leasekit" in modules  # the probe really ran
+    assert modules.isdisjoint(DRIVERS), sorted(modules.intersection(DRIVERS))
+
+
+@pytest.mark.parametrize("stage", ["import", "list", "connect"])
+def test_no_backend_package_is_imported(loaded_modules: dict[str, list[str]], stage: str) -> None:
+    backends = [name for name in loaded_modules[stage] if name.startswith("leasekit_")]
+    assert backends == []
+
+
+def test_the_probe_sees_what_it_imports(loaded_modules: dict[str, list[str]]) -> None:
+    # Guards the two tests above against a probe that reports nothing useful.
+    assert "asyncio" in loaded_modules["connect"]
+    assert "json" in loaded_modules["import"]
