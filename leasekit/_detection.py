@@ -49,7 +49,8 @@ class NoopLeaseProvider:
     so code developed against it does not break when a real backend is configured.
     """
 
-    capabilities = Capabilities(atomic_transfer=True)
+    # It promises nothing, so connect("noop://", require=...) refuses it for any guarantee.
+    capabilities = Capabilities()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> NoopLeaseProvider:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, cast
 
+from . import _hooks
 from ._capabilities import Capabilities, capabilities_of
 from ._contract import ManagedLeaseProvider
 from ._detection import is_lease_provider
@@ -188,8 +189,7 @@ class BackendRegistry:
         known = ", ".join(sorted(self._candidates())) or "none"
         return BackendUnavailable(
             f"no leasekit backend for scheme {scheme!r}; known schemes: {known}. "
-            "Install a backend plugin (pip install 'leasekit[redis]', ...) or call "
-            "leasekit.register()",
+            "Install the plugin that provides it, or call leasekit.register()",
             scheme=scheme,
         )
 
@@ -332,7 +332,9 @@ class BackendRegistry:
         if missing:
             # from_url does no I/O, so there is nothing to close yet.
             raise BackendLacksCapability(scheme, missing)
-        return cast("ManagedLeaseProvider", provider)
+        # The backend's provider itself unless an event plugin is registered: no
+        # plugin, no per-operation cost.
+        return _hooks.wrap(cast("ManagedLeaseProvider", provider), scheme)
 
 
 def _validate_require(require: Iterable[str] | str) -> tuple[str, ...]:
