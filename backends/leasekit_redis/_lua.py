@@ -1,0 +1,162 @@
+"""Every Lua script the Redis backend runs, each in one place with why it is atomic.
+
+Redis runs a script without interleaving any other command, so each script's read,
+ownership check and write form one atomic step, decided on the server's clock, in
+one round trip (EVALSHA, falling back to EVAL when the server lost its script cache).
+
+Layout, for a lease key ``k`` under the provider's ``prefix`` (see ``_keys``):
+
+- ``<prefix>{<k escaped>}``: the lease. A string ``"<token> <owner>"`` with a ``PX``
+  TTL: the key exists exactly while the lease is live, so Redis itself frees it at
+  expiry. The token has no spaces, so the first space ends it and the owner (which
+  may contain spaces, NUL, anything) is the rest.
+- ``<prefix>{<k escaped>}:fence``: the fencing counter, the last token issued for
+  ``k``. It outlives the lease (so release and expiry do not reset it) by
+  ``counter_ttl_ms``, or forever when that is ``None``.
+
+Both names carry the same hash tag, so they sit in one Redis Cluster slot and one
+script may touch both.
+
+A new token is ``max(last + 1, server time in microseconds)`` (``TIME``). The first
+term makes tokens strictly increasing while the counter lives; the second keeps
+them increasing after the counter is gone (expired after ``counter_ttl_ms``, or lost
+in a restart of a server without persistence), because a later grant reads a later
+clock. So fencing holds across restarts and the counter's memory can be bounded,
+unless the server's clock steps back by more than the time since the key's last
+grant at a moment when its counter is gone. Redis >= 5 replicates scripts by their
+effects, so calling ``TIME`` before writing is allowed.
+
+Numbers stay exact: microsecond timestamps are about 2**51, below the 2**53 that a
+Lua (double) number holds exactly, and tokens cross into strings with ``%.0f``, never
+``tostring`` (which would print ``1.7e+15``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "TRANSFER", "Script"]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script's source and the SHA1 that EVALSHA calls it by."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", digest)
+
+
+# Shared by the scripts below (each script is sent whole; Redis has no includes).
+_PRELUDE = """
+local function parse(value)
+  local sep = string.find(value, ' ', 1, true)
+  return string.sub(value, sep + 1), string.sub(value, 1, sep - 1)
+end
+
+local function next_token(counter_key, counter_px)
+  local now = redis.call('TIME')
+  local clock_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('GET', counter_key) or '0')
+  local token = string.format('%.0f', math.max(last + 1, clock_us))
+  if counter_px == '0' then
+    redis.call('SET', counter_key, token)
+  else
+    redis.call('SET', counter_key, token, 'PX', counter_px)
+  end
+  return token
+end
+
+local function touch_counter(counter_key, counter_px)
+  if counter_px ~= '0' then
+    redis.call('PEXPIRE', counter_key, counter_px)
+  end
+end
+"""
+
+# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever).
+# Returns {1, token} when granted (a free key gets a new token; the caller's own
+# live lease keeps its token and gets a fresh TTL) or {0, holder} when another owner
+# holds it: the holder comes from the same read that decided, never a second GET.
+ACQUIRE = Script(
+    "acquire",
+    _PRELUDE
+    + """
+local value = redis.call('GET', KEYS[1])
+if value then
+  local holder, token = parse(value)
+  if holder ~= ARGV[1] then
+    return {0, holder}
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  touch_counter(KEYS[2], ARGV[3])
+  return {1, token}
+end
+local token = next_token(KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return {1, token}
+""",
+)
+
+# KEYS: lease. ARGV: owner. Deletes the lease only if ARGV[1] holds it (an expired
+# lease is already gone); the counter stays. Returns 1 if deleted, else 0.
+RELEASE = Script(
+    "release",
+    _PRELUDE
+    + """
+local value = redis.call('GET', KEYS[1])
+if value and parse(value) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+""",
+)
+
+# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px. Resets the TTL of ARGV[1]'s
+# live lease (and keeps the counter at least as long). Returns 1, or 0 if not held.
+RENEW = Script(
+    "renew",
+    _PRELUDE
+    + """
+local value = redis.call('GET', KEYS[1])
+if value and parse(value) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  touch_counter(KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+""",
+)
+
+# KEYS: lease, counter. ARGV: from_owner, to_owner, ttl_ms, counter_px. Rewrites the
+# live lease of ARGV[1] in place for ARGV[2] with a new token and a fresh TTL: one
+# SET, so the key is never free in between. Transfer to oneself is a renew and keeps
+# the token. Returns 1, or 0 if ARGV[1] does not hold a live lease.
+TRANSFER = Script(
+    "transfer",
+    _PRELUDE
+    + """
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return 0
+end
+local holder = parse(value)
+if holder ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  touch_counter(KEYS[2], ARGV[4])
+  return 1
+end
+local token = next_token(KEYS[2], ARGV[4])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[2], 'PX', ARGV[3])
+return 1
+""",
+)

@@ -1,0 +1,533 @@
+"""Real servers for the test suite: our own processes, on free loopback ports, in temp dirs.
+
+Every backend's tests run against a real server, never a mock (DESIGN.md §8).
+:class:`ServerProcess` is the common shape: start one server process in its own
+process group, wait until it answers, and tear the whole group down at the end. It
+also injects faults for reliability tests: :meth:`~ServerProcess.pause` (SIGSTOP),
+:meth:`~ServerProcess.resume`, :meth:`~ServerProcess.kill` and
+:meth:`~ServerProcess.restart` on the same port. A backend's server is a small
+subclass that says how to start it and how to tell it is ready
+(:class:`RedisServer`; PostgreSQL and etcd follow the same pattern).
+
+Nothing here touches a server the machine already runs: ports are fresh ones the
+kernel hands out on 127.0.0.1, never a well-known port, and data lives in a temp dir.
+
+When a server binary is missing, :func:`missing_server` skips the test with the install
+command in the reason, or fails it when ``LEASEKIT_REQUIRE_SERVERS=1`` (set by CI), so
+a CI machine can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, ClassVar, NoReturn, TypeVar
+
+import pytest
+
+__all__ = [
+    "REQUIRE_SERVERS_ENV",
+    "RedisClusterServer",
+    "RedisServer",
+    "RespError",
+    "ServerProcess",
+    "ServerStartError",
+    "find_binary",
+    "free_port",
+    "missing_server",
+    "resp_command",
+    "servers_required",
+]
+
+REQUIRE_SERVERS_ENV = "LEASEKIT_REQUIRE_SERVERS"
+
+LOOPBACK = "127.0.0.1"
+
+# Ports a developer's own servers listen on; never ours, even if the kernel offers one.
+_WELL_KNOWN_PORTS = frozenset({2379, 2380, 5432, 6379, 6380, 16379})
+
+_Server = TypeVar("_Server", bound="ServerProcess")
+
+# Every server started and not yet stopped, so an interrupted run leaves no orphans.
+_RUNNING: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+
+def servers_required() -> bool:
+    """Whether a missing server must fail the tests rather than skip them (CI sets it)."""
+    return os.environ.get(REQUIRE_SERVERS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def missing_server(what: str, install: str) -> NoReturn:
+    """Skip the calling test because ``what`` is unavailable, or fail it under CI.
+
+    ``install`` is the command that fixes it (``apt-get install redis-server``), and
+    goes into the reason either way.
+    """
+    reason = f"{what}; install it with: {install}"
+    if servers_required():
+        pytest.fail(f"{reason} ({REQUIRE_SERVERS_ENV}=1, so this fails instead of skipping)")
+    pytest.skip(reason)
+
+
+def find_binary(name: str, extra_dirs: Iterable[str | Path] = ()) -> str | None:
+    """The path of executable ``name`` on PATH, or in ``extra_dirs``, the sbin dirs."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in (*extra_dirs, "/usr/sbin", "/usr/local/sbin", "/sbin"):
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def free_port(host: str = LOOPBACK, *, companion_offset: int | None = None) -> int:
+    """A TCP port nothing listens on right now (the caller may still lose a race for it).
+
+    With ``companion_offset``, ``port + companion_offset`` must be free too (Redis
+    Cluster's bus listens 10000 above the client port).
+    """
+    while True:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+            if port in _WELL_KNOWN_PORTS:
+                continue
+            if companion_offset is not None:
+                if port + companion_offset > 65535 or port + companion_offset in _WELL_KNOWN_PORTS:
+                    continue
+                other = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                try:
+                    other.bind((host, port + companion_offset))
+                except OSError:
+                    continue
+            return port
+
+
+class ServerStartError(RuntimeError):
+    """A server process exited or never became ready; the message ends with its log."""
+
+
+class ServerProcess:
+    """One server process in its own process group, on a loopback port, in ``workdir``.
+
+    Subclasses implement :meth:`argv` (the command line for ``self.port``) and
+    :meth:`probe` (does it answer yet?). Use as a context manager or call
+    :meth:`start` and :meth:`stop`. Output goes to ``workdir/server.log``, whose tail
+    is shown when the server fails to start.
+    """
+
+    name: ClassVar[str] = "server"
+    start_timeout_s: ClassVar[float] = 20.0
+    stop_timeout_s: ClassVar[float] = 5.0
+
+    def __init__(self, binary: str, workdir: Path, *, port: int | None = None) -> None:
+        self.binary = binary
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.host = LOOPBACK
+        self._fixed_port = port is not None
+        self.port = port if port is not None else self.pick_port()
+        self.log_path = self.workdir / "server.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    # -- what a subclass says -----------------------------------------------------------
+
+    def argv(self) -> list[str]:
+        """The command line that starts the server on ``self.port`` in ``self.workdir``."""
+        raise NotImplementedError
+
+    def probe(self) -> bool:
+        """Whether the server answers requests now; must not raise for "not yet"."""
+        raise NotImplementedError
+
+    def pick_port(self) -> int:
+        """A free port to listen on; override when the server needs more than one."""
+        return free_port(self.host)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        """Start the server and wait until :meth:`probe` succeeds.
+
+        A port lost to a race is retried on a fresh one, unless the port was fixed
+        (a restart must come back where clients expect it).
+        """
+        attempts = 1 if self._fixed_port else 3
+        for attempt in range(1, attempts + 1):
+            if self._try_start(last=attempt == attempts):
+                return
+            self.port = self.pick_port()
+
+    def _try_start(self, *, last: bool) -> bool:
+        """Start once; ``False`` if the port was taken meanwhile (worth another port)."""
+        try:
+            self._spawn()
+            self._wait_ready()
+        except ServerStartError:
+            self._terminate()
+            if last or "in use" not in self.log_tail():
+                raise
+            return False
+        return True
+
+    def _spawn(self) -> None:
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                self.argv(),
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, torn down as one
+            )
+        self._paused = False
+        _RUNNING.add(self)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            process = self._process
+            if process is None or process.poll() is not None:
+                code = None if process is None else process.returncode
+                raise ServerStartError(
+                    f"{self.name} exited with code {code} while starting\n{self.log_tail()}"
+                )
+            if self.probe():
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"{self.name} on port {self.port} not ready after "
+                    f"{self.start_timeout_s:g} s\n{self.log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL if it lingers."""
+        self._terminate()
+
+    def _terminate(self) -> None:
+        process, self._process = self._process, None
+        _RUNNING.discard(self)
+        if process is None:
+            return
+        if process.poll() is None:
+            # A stopped process would hold SIGTERM pending forever; wake it first.
+            self._signal_group(process, signal.SIGCONT)
+            self._signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(process, signal.SIGKILL)
+                process.wait(self.stop_timeout_s)
+        # Children the server forked (if any) die with the group, even after it exited.
+        self._signal_group(process, signal.SIGKILL)
+        self._paused = False
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            raise RuntimeError(f"{self.name} on port {self.port} is not running")
+        return self._process
+
+    # -- faults -------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers."""
+        self._signal_group(self._require_process(), signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (SIGCONT)."""
+        self._signal_group(self._require_process(), signal.SIGCONT)
+        self._paused = False
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL to the group): no shutdown, connections reset."""
+        process = self._require_process()
+        self._signal_group(process, signal.SIGKILL)
+        process.wait(self.stop_timeout_s)
+        self._process = None
+        self._paused = False
+        _RUNNING.discard(self)
+
+    def restart(self) -> None:
+        """Kill the server and start it again on the same port (data not persisted is lost)."""
+        if self.running:
+            self.kill()
+        self._fixed_port = True
+        self.start()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # -- diagnostics --------------------------------------------------------------------
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self: _Server) -> _Server:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "paused" if self._paused else "running" if self.running else "stopped"
+        return f"{type(self).__name__}({self.host}:{self.port}, {state})"
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+
+class RespError(Exception):
+    """An error reply from a Redis server (``-ERR ...``)."""
+
+
+def _encode_command(args: Sequence[str | bytes | int]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _read_reply(stream: BinaryIO) -> object:
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed mid-reply")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body.decode()
+    if kind == b"-":
+        raise RespError(body.decode(errors="replace"))
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return None
+        return stream.read(size + 2)[:-2]
+    if kind == b"*":
+        count = int(body)
+        return None if count < 0 else [_read_reply(stream) for _ in range(count)]
+    raise ConnectionError(f"unexpected RESP reply {line!r}")
+
+
+def resp_command(host: str, port: int, *args: str | bytes | int, timeout_s: float = 5.0) -> object:
+    """Send one command to a Redis server over a fresh connection and return the reply.
+
+    A dependency-free client for the harness itself (readiness, cluster setup, fault
+    injection), so starting a server never needs the driver under test.
+    """
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(_encode_command(args))
+        with sock.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+class RedisServer(ServerProcess):
+    """``redis-server`` on a loopback port, no persistence (``save ""``, no AOF).
+
+    A restart therefore loses every key, which is what the data-loss tests want.
+    ``extra_args`` are appended to the command line (``["--cluster-enabled", "yes"]``).
+    """
+
+    name = "redis-server"
+    install_hint = "apt-get install redis-server"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.extra_args = list(extra_args)
+        super().__init__(binary, workdir, port=port)
+
+    @property
+    def cluster_enabled(self) -> bool:
+        return "--cluster-enabled" in self.extra_args
+
+    def pick_port(self) -> int:
+        # A cluster node also listens on port + 10000 for the cluster bus.
+        return free_port(self.host, companion_offset=10000 if self.cluster_enabled else None)
+
+    def argv(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+            "--daemonize", "no",
+            "--logfile", "",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def probe(self) -> bool:
+        try:
+            return self.command("PING", timeout_s=1.0) == "PONG"
+        except (OSError, RespError):
+            return False
+
+    def command(self, *args: str | bytes | int, timeout_s: float = 5.0) -> object:
+        """Run one command on this server (outside the code under test)."""
+        return resp_command(self.host, self.port, *args, timeout_s=timeout_s)
+
+    def info(self, section: str) -> dict[str, str]:
+        """``INFO section`` as a dict of its ``name:value`` lines."""
+        return _parse_info(self.command("INFO", section))
+
+    def cluster_info(self) -> dict[str, str]:
+        """``CLUSTER INFO`` as a dict (``cluster_state``, ``cluster_known_nodes``, ...)."""
+        return _parse_info(self.command("CLUSTER", "INFO"))
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @classmethod
+    def find(cls) -> str | None:
+        return find_binary("redis-server")
+
+
+_CLUSTER_NODE_ARGS = (
+    "--cluster-enabled", "yes",
+    "--cluster-config-file", "nodes.conf",
+    "--cluster-node-timeout", "5000",
+)  # fmt: skip
+
+
+class RedisClusterServer:
+    """A Redis Cluster of ``size`` primaries (no replicas) on loopback ports.
+
+    Slots are split evenly, the nodes are joined with ``CLUSTER MEET``, and
+    :meth:`start` returns once every node reports ``cluster_state:ok``. Enough to
+    check that keys and scripts respect slots (a wrong hash tag is a ``CROSSSLOT``
+    error) and that scans cover every node.
+    """
+
+    slots = 16384
+    start_timeout_s = 30.0
+
+    def __init__(self, binary: str, workdir: Path, *, size: int = 3) -> None:
+        self.nodes = [
+            RedisServer(binary, Path(workdir) / f"node{i}", extra_args=_CLUSTER_NODE_ARGS)
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        """A URL of one node; a cluster client discovers the others from it."""
+        return self.nodes[0].url
+
+    def start(self) -> None:
+        try:
+            for node in self.nodes:
+                node.start()
+            per_node = -(-self.slots // len(self.nodes))
+            for i, node in enumerate(self.nodes):
+                first, last = i * per_node, min(self.slots, (i + 1) * per_node) - 1
+                node.command("CLUSTER", "ADDSLOTSRANGE", first, last)
+                # Distinct epochs up front, as redis-cli --cluster create does, so the
+                # nodes need not resolve a collision before agreeing on slot owners.
+                node.command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+            # Introduce every pair directly rather than waiting for gossip to do it.
+            for i, node in enumerate(self.nodes):
+                for other in self.nodes[i + 1 :]:
+                    node.command("CLUSTER", "MEET", other.host, other.port)
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            # Each node has its own view of the cluster; all must agree before use.
+            states = [node.cluster_info() for node in self.nodes]
+            if all(_cluster_settled(state, len(self.nodes)) for state in states):
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"redis cluster did not settle: {states}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _parse_info(reply: object) -> dict[str, str]:
+    assert isinstance(reply, bytes), reply
+    fields: dict[str, str] = {}
+    for line in reply.decode().splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not line.startswith("#"):
+            fields[name] = value.strip()
+    return fields
+
+
+def _cluster_settled(info: dict[str, str], size: int) -> bool:
+    return (
+        info.get("cluster_state") == "ok"
+        and info.get("cluster_known_nodes") == str(size)
+        and info.get("cluster_slots_ok") == str(RedisClusterServer.slots)
+    )

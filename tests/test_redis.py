@@ -1,0 +1,678 @@
+"""The Redis backend: the conformance suite on a real server and on a real Cluster, then
+URLs and options, binary-safe names, fencing across restarts, one round trip per
+operation, and faults (a paused, killed or restarted server, a flushed script cache).
+
+Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+from servers import (
+    RedisClusterServer,
+    RedisServer,
+    free_port,
+    missing_server,
+    servers_required,
+)
+
+import leasekit
+
+try:
+    import redis.asyncio
+    from redis.crc import key_slot
+except ImportError:  # pragma: no cover (depends on the environment)
+    if servers_required():
+        pytest.fail(
+            "the Redis tests need the redis extra: pip install -e '.[redis]' "
+            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
+            pytrace=False,
+        )
+    pytest.skip(
+        "the redis extra is not installed: pip install -e '.[redis]'", allow_module_level=True
+    )
+
+from leasekit_contract import LeaseProviderContract
+from leasekit_redis import LeaseRecord, RedisLeaseProvider
+
+pytestmark = pytest.mark.anyio
+
+# Leases the tests must not see expire.
+LONG_MS = 60_000
+
+
+# -- the conformance suite ---------------------------------------------------------------
+
+
+class TestRedisContract(LeaseProviderContract):
+    """The whole suite against the session's redis-server (or $LEASEKIT_TEST_REDIS_URL)."""
+
+    @pytest.fixture
+    async def provider(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Any]:
+        async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as provider:
+            yield provider
+
+    @pytest.fixture
+    def provider_factory(self, redis_url: str, redis_prefix: str) -> Any:
+        return functools.partial(leasekit.connect, redis_url, prefix=redis_prefix)
+
+
+class TestRedisClusterContract(LeaseProviderContract):
+    """The whole suite against a three-node Redis Cluster: every script respects slots."""
+
+    @pytest.fixture
+    async def provider(
+        self, redis_cluster: RedisClusterServer, redis_prefix: str
+    ) -> AsyncIterator[Any]:
+        url = f"{redis_cluster.url}?cluster=true"
+        async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+            yield provider
+
+    @pytest.fixture
+    def provider_factory(self, redis_cluster: RedisClusterServer, redis_prefix: str) -> Any:
+        url = f"{redis_cluster.url}?cluster=true"
+        return functools.partial(leasekit.connect, url, prefix=redis_prefix)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def provider(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisLeaseProvider]:
+    async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as p:
+        yield p
+
+
+@pytest.fixture
+async def own_client(
+    private_redis_server: RedisServer,
+) -> AsyncIterator[redis.asyncio.Redis]:
+    """A caller's client on the private server, with redis-py's defaults (no timeouts)."""
+    client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
+    yield client
+    await client.aclose()
+
+
+def command_calls(server: RedisServer) -> dict[str, int]:
+    """Calls per command so far, from ``INFO commandstats`` (``{"evalsha": 3, ...}``)."""
+    calls = {}
+    for name, value in server.info("commandstats").items():
+        fields = dict(part.split("=", 1) for part in value.split(","))
+        calls[name.removeprefix("cmdstat_")] = int(fields["calls"])
+    return calls
+
+
+def names_on(server: RedisServer, pattern: str) -> list[bytes]:
+    """The keys matching ``pattern`` on this one server (one node of a cluster)."""
+    names: list[bytes] = []
+    cursor: object = b"0"
+    while True:
+        reply = server.command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        assert isinstance(reply, list)
+        cursor, batch = reply
+        names.extend(batch)
+        if cursor == b"0":
+            return names
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    changed = {name: n - before.get(name, 0) for name, n in after.items()}
+    return {name: n for name, n in changed.items() if n and name != "info"}
+
+
+EXERCISE_OPERATIONS = 13
+EXERCISE_READS = 3  # get_lease_owner calls among them
+
+
+async def exercise_every_operation(p: RedisLeaseProvider, key: str) -> None:
+    """Every kind of operation, granted and refused, asserting the answers (13 calls)."""
+    granted = await p.acquire_lease(key, "a", LONG_MS)
+    assert granted.acquired
+    assert granted.token is not None
+    assert await p.acquire_lease(key, "a", LONG_MS) == granted
+    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
+    assert await p.get_lease_owner(key) == "a"
+    assert await p.renew_lease(key, "a", LONG_MS)
+    assert not await p.renew_lease(key, "b", LONG_MS)
+    assert await p.transfer_lease(key, "a", "b", LONG_MS)
+    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
+    moved = await p.acquire_lease(key, "b", LONG_MS)
+    assert moved.token is not None
+    assert moved.token > granted.token
+    await p.release_lease(key, "a")
+    assert await p.get_lease_owner(key) == "b"
+    await p.release_lease(key, "b")
+    assert await p.get_lease_owner(key) is None
+
+
+# -- registry, URLs and options --------------------------------------------------------------
+
+
+def test_entry_points_declare_both_schemes_with_the_redis_extra() -> None:
+    infos = {info.scheme: info for info in leasekit.available_backends()}
+    for scheme in ("redis", "rediss"):
+        assert infos[scheme].target == "leasekit_redis:RedisLeaseProvider"
+        assert infos[scheme].extras == ("redis",)
+
+
+async def test_connect_builds_a_provider_without_io() -> None:
+    # Port 1 answers nothing; building must not try.
+    provider = leasekit.connect("redis://127.0.0.1:1/0", require=("fencing", "atomic_transfer"))
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.prefix == "leasekit:"
+    assert provider.timeout_s == 5.0
+    assert provider.counter_ttl_ms == 3_600_000
+    await provider.aclose()
+
+
+async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
+    provider = leasekit.connect(
+        "redis://127.0.0.1:1/3?prefix=app%3Aleases%3A&timeout_s=0.25&counter_ttl_ms=none"
+        "&client_name=worker&health_check_interval=30",
+        timeout_s=1.5,
+    )
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.prefix == "app:leases:"
+    assert provider.timeout_s == 1.5
+    assert provider.counter_ttl_ms is None
+    kwargs = provider.client.connection_pool.connection_kwargs
+    assert kwargs["db"] == 3
+    assert kwargs["client_name"] == "worker"
+    assert kwargs["socket_timeout"] == 1.5
+    await provider.aclose()
+
+
+async def test_cluster_url_builds_a_cluster_client_without_io() -> None:
+    provider = leasekit.connect("redis://127.0.0.1:1?cluster=true&prefix=c%3A")
+    assert isinstance(provider, RedisLeaseProvider)
+    assert isinstance(provider.client, redis.asyncio.RedisCluster)
+    assert provider.prefix == "c:"
+    await provider.aclose()
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="db"):
+        leasekit.connect("redis://127.0.0.1:1/2?cluster=true")
+
+
+async def test_rediss_url_builds_a_tls_client() -> None:
+    provider = leasekit.connect("rediss://127.0.0.1:1?ssl_cert_reqs=none")
+    assert isinstance(provider, RedisLeaseProvider)
+    pool = provider.client.connection_pool
+    assert pool.connection_class is redis.asyncio.SSLConnection
+    await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "argument"),
+    [
+        ("redis://h?colour=blue", {}, "url"),
+        ("redis://h?decode_responses=true", {}, "url"),
+        ("redis://h?ssl_cert_reqs=none", {}, "url"),  # TLS settings need rediss://
+        ("redis://h:notaport", {}, "url"),
+        ("redis://h", {"colour": "blue"}, "options"),
+        ("redis://h", {"socket_timeout": 1}, "options"),
+        ("redis://h?timeout_s=soon", {}, "timeout_s"),
+        ("redis://h?timeout_s=0", {}, "timeout_s"),
+        ("redis://h", {"timeout_s": True}, "timeout_s"),
+        ("redis://h?counter_ttl_ms=0", {}, "counter_ttl_ms"),
+        ("redis://h", {"counter_ttl_ms": 1.5}, "counter_ttl_ms"),
+        ("redis://h?prefix=%7Bapp%7D", {}, "prefix"),
+        ("redis://h", {"prefix": "a}b"}, "prefix"),
+        ("redis://h", {"prefix": b"app:"}, "prefix"),
+        ("redis://h?cluster=maybe", {}, "cluster"),
+        ("redis://h", {"cluster": "yes"}, "cluster"),
+    ],
+)
+def test_bad_urls_and_options_name_the_problem(
+    url: str, options: dict[str, Any], argument: str
+) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(url, **options)
+    assert info.value.argument == argument
+
+
+def test_from_url_refuses_other_schemes() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"redis://"):
+        RedisLeaseProvider.from_url("unix:///tmp/redis.sock")
+
+
+def test_errors_never_show_the_password() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect("redis://user:s3cret@h/0?colour=blue")
+    assert "s3cret" not in str(info.value)
+    assert "user:***@h" in str(info.value)
+
+
+async def test_a_sync_client_is_refused_with_a_hint() -> None:
+    import redis as sync_redis  # noqa: PLC0415
+
+    client = sync_redis.Redis(host="127.0.0.1", port=1)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"asyncio"):
+        RedisLeaseProvider(client)
+    client.close()
+
+
+async def test_unreachable_server_fails_at_async_with() -> None:
+    provider = RedisLeaseProvider.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=2)
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendError) as info:
+        async with provider:
+            pass
+    assert time.monotonic() - started < 2 + 5
+    assert info.value.backend == "redis"
+    assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+    await provider.aclose()
+
+
+# -- clients and closing -------------------------------------------------------------------
+
+
+async def test_an_unreachable_cluster_is_a_backend_error() -> None:
+    provider = RedisLeaseProvider.from_url(
+        f"redis://127.0.0.1:{free_port()}?cluster=true", timeout_s=2
+    )
+    with pytest.raises(leasekit.LeaseBackendError) as info:
+        await provider.acquire_lease("k", "a", LONG_MS)
+    assert info.value.key == "k"
+    await provider.aclose()
+
+
+async def test_a_callers_client_is_used_and_never_closed(
+    own_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider(own_client, prefix=redis_prefix) as provider:
+        await exercise_every_operation(provider, "k")
+    with pytest.raises(leasekit.LeaseProviderClosed):
+        await provider.get_lease_owner("k")
+    assert await own_client.ping()  # still open and usable
+
+
+async def test_a_built_client_is_closed_by_aclose(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    def clients() -> int:
+        # The INFO itself arrives on one connection of its own.
+        return int(private_redis_server.info("clients")["connected_clients"]) - 1
+
+    assert clients() == 0
+    provider = RedisLeaseProvider.from_url(private_redis_server.url, prefix=redis_prefix)
+    async with provider:
+        await exercise_every_operation(provider, "k")
+        assert clients() >= 1
+    assert clients() == 0
+    for call in (provider.get_lease_owner("k"), provider.inspect()):
+        with pytest.raises(leasekit.LeaseProviderClosed):
+            await call
+    await provider.aclose()  # idempotent
+
+
+async def test_a_callers_client_decoding_responses_works(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(private_redis_server.url, decode_responses=True)
+    async with RedisLeaseProvider(client, prefix=redis_prefix) as provider:
+        await exercise_every_operation(provider, "k\0é")
+        await provider.acquire_lease("k\0é", "ö\0wner", LONG_MS)
+        [record] = await provider.inspect()
+        assert (record.key, record.owner) == ("k\0é", "ö\0wner")
+    await client.aclose()
+
+
+async def test_a_callers_cluster_client_spreads_keys_over_every_node(
+    redis_cluster: RedisClusterServer, redis_prefix: str
+) -> None:
+    node = redis_cluster.nodes[0]
+    client = redis.asyncio.RedisCluster(host=node.host, port=node.port)
+    async with RedisLeaseProvider(client, prefix=redis_prefix) as provider:
+        keys = [f"thread/{i}" for i in range(30)]
+        for key in keys:
+            await exercise_every_operation(provider, key)
+            assert (await provider.acquire_lease(key, "w", LONG_MS)).acquired
+        records = await provider.inspect("thread/")
+        assert [r.key for r in records] == sorted(keys)
+    await client.aclose()
+    pattern = redis_prefix + "*"
+    per_node = [len(names_on(node, pattern)) for node in redis_cluster.nodes]
+    assert sum(per_node) == 2 * len(keys)  # a lease and a counter per key
+    assert all(count > 0 for count in per_node), per_node
+
+
+# -- names: binary-safe, hash-tagged, listed -----------------------------------------------
+
+AWKWARD_KEYS = [
+    "plain",
+    "resource\0thread",
+    "{already-tagged}",
+    "}{",
+    "{",
+    "a}b{c}",
+    "100%",
+    "%7B",
+    "%%25",
+    "glob*?[x]\\",
+    "space and\ttab\nnewline",
+    "emoji 🎉 and 中文",
+    "\0",
+    "x" * 1024,
+]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS, ids=range(len(AWKWARD_KEYS)))
+async def test_awkward_keys_and_owners_round_trip_in_one_slot(
+    provider: RedisLeaseProvider, key: str
+) -> None:
+    owner = f"own{key[:50]} {{}}\0🎉"
+    await exercise_every_operation(provider, key)
+    assert (await provider.acquire_lease(key, owner, LONG_MS)).acquired
+    assert await provider.get_lease_owner(key) == owner
+    [record] = await provider.inspect(key)
+    assert (record.key, record.owner) == (key, owner)
+    # The lease and its counter share a hash tag, so a cluster keeps them in one slot.
+    client = provider.client
+    names = [n async for n in client.scan_iter(match=provider.prefix.encode() + b"*")]
+    assert len(names) == 2
+    assert len({key_slot(name) for name in names}) == 1
+
+
+async def test_awkward_keys_stay_distinct(provider: RedisLeaseProvider) -> None:
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert (await provider.acquire_lease(key, f"o{i}", LONG_MS)).acquired
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert await provider.get_lease_owner(key) == f"o{i}"
+    records = await provider.inspect()
+    assert [(r.key, r.owner) for r in records] == sorted(
+        (key, f"o{i}") for i, key in enumerate(AWKWARD_KEYS)
+    )
+
+
+async def test_inspect_filters_by_prefix_orders_and_limits(provider: RedisLeaseProvider) -> None:
+    for i in range(5):
+        await provider.acquire_lease(f"job/{i}", f"w{i}", LONG_MS)
+    await provider.acquire_lease("job*/x", "star", LONG_MS)
+    await provider.acquire_lease("other", "o", LONG_MS)
+    await provider.acquire_lease("job/gone", "g", LONG_MS)
+    await provider.release_lease("job/gone", "g")
+    records = await provider.inspect("job/")
+    assert [(r.key, r.owner) for r in records] == [(f"job/{i}", f"w{i}") for i in range(5)]
+    assert all(isinstance(r, LeaseRecord) and 0 < r.remaining_ms <= LONG_MS for r in records)
+    for r in records:
+        assert r.token == (await provider.acquire_lease(r.key, r.owner, LONG_MS)).token
+    assert [r.key for r in await provider.inspect("job*")] == ["job*/x"]  # '*' is literal
+    assert [r.key for r in await provider.inspect(limit=2)] == ["job*/x", "job/0"]
+    assert len(await provider.inspect()) == 7
+    for bad in ("", 5):
+        with pytest.raises(leasekit.InvalidLeaseArgument):
+            await provider.inspect(bad)
+    with pytest.raises(leasekit.InvalidLeaseArgument):
+        await provider.inspect(limit=0)
+
+
+async def test_other_providers_prefixes_are_invisible(redis_url: str, redis_prefix: str) -> None:
+    async with (
+        RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix + "a:") as a,
+        RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix + "b:") as b,
+    ):
+        assert (await a.acquire_lease("k", "x", LONG_MS)).acquired
+        assert (await b.acquire_lease("k", "y", LONG_MS)).acquired
+        assert [r.owner for r in await a.inspect()] == ["x"]
+        assert [r.owner for r in await b.inspect()] == ["y"]
+
+
+async def test_foreign_data_under_the_prefix_is_a_backend_error(
+    provider: RedisLeaseProvider,
+) -> None:
+    client = provider.client
+    await client.set(provider.prefix.encode() + b"{garbled}", b"not a lease")
+    await client.hset(provider.prefix.encode() + b"{hash}", "f", "v")
+    with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
+        await provider.get_lease_owner("garbled")
+    with pytest.raises(leasekit.LeaseBackendError) as info:
+        await provider.acquire_lease("hash", "a", LONG_MS)
+    assert isinstance(info.value.__cause__, redis.exceptions.ResponseError)
+    assert info.value.key == "hash"
+    assert await provider.inspect() == []
+
+
+# -- fencing counters ------------------------------------------------------------------------
+
+
+async def test_fencing_counter_outlives_the_lease_by_counter_ttl(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(
+        redis_url, prefix=redis_prefix, counter_ttl_ms=600_000
+    ) as provider:
+        await provider.acquire_lease("k", "a", 1000)
+        counter = provider.prefix.encode() + b"{k}:fence"
+        assert 600_000 < await provider.client.pttl(counter) <= 601_000
+        await provider.renew_lease("k", "a", 5000)
+        assert 601_000 < await provider.client.pttl(counter) <= 605_000
+        await provider.release_lease("k", "a")
+        assert await provider.client.exists(counter)
+
+
+async def test_fencing_counter_can_be_kept_forever(redis_url: str, redis_prefix: str) -> None:
+    async with RedisLeaseProvider.from_url(
+        redis_url, prefix=redis_prefix, counter_ttl_ms=None
+    ) as provider:
+        first = await provider.acquire_lease("k", "a", 1000)
+        assert await provider.client.pttl(provider.prefix.encode() + b"{k}:fence") == -1
+        await provider.release_lease("k", "a")
+        again = await provider.acquire_lease("k", "b", 1000)
+        assert first.token is not None
+        assert again.token is not None
+        assert again.token > first.token
+
+
+async def test_tokens_keep_increasing_after_the_counter_expired(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(
+        redis_url, prefix=redis_prefix, counter_ttl_ms=1
+    ) as provider:
+        counter = provider.prefix.encode() + b"{k}:fence"
+        tokens = []
+        for _ in range(5):
+            result = await provider.acquire_lease("k", "a", 1)
+            tokens.append(result.token)
+            deadline = time.monotonic() + 5
+            while await provider.client.exists(counter):
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.002)
+        assert tokens == sorted(set(tokens)), tokens
+
+
+async def test_counter_memory_per_key_is_what_the_docs_say(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    """What docs/backends/redis.md states; if Redis changes, update the page."""
+    async with RedisLeaseProvider.from_url(
+        private_redis_server.url, prefix="leasekit:"
+    ) as provider:
+        key = "conversation/8f14e45fceea167a5a36dedd4bea2543"
+        await provider.acquire_lease(key, "worker-1", LONG_MS)
+        await provider.release_lease(key, "worker-1")
+        usage = await provider.client.memory_usage(f"leasekit:{{{key}}}:fence")
+        assert usage is not None
+        assert 40 <= usage <= 160, usage
+
+
+# -- one round trip per operation -------------------------------------------------------------
+
+
+async def test_every_operation_is_one_round_trip(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    commands: list[str] = []  # what the client sent, by command name
+    writes: list[int] = []  # one entry per write to the socket
+
+    class CountingConnection(redis.asyncio.Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            writes.append(1)
+            await super().send_packed_command(command, check_health)
+
+        async def send_command(self, *args: Any, **kwargs: Any) -> None:
+            commands.append(str(args[0]))
+            await super().send_command(*args, **kwargs)
+
+    pool = redis.asyncio.ConnectionPool(
+        connection_class=CountingConnection,
+        host=private_redis_server.host,
+        port=private_redis_server.port,
+    )
+    client = redis.asyncio.Redis(connection_pool=pool)
+    async with RedisLeaseProvider(client, prefix=redis_prefix) as provider:
+        await exercise_every_operation(provider, "warm-up")  # connects, caches the scripts
+        commands.clear()
+        writes.clear()
+        before = command_calls(private_redis_server)
+        rounds = 10
+        for i in range(rounds):
+            await exercise_every_operation(provider, f"k{i}")
+        after = command_calls(private_redis_server)
+    await client.aclose()
+    await pool.aclose()
+    scripted = rounds * (EXERCISE_OPERATIONS - EXERCISE_READS)
+    reads = rounds * EXERCISE_READS
+    assert len(writes) == scripted + reads
+    assert sorted(set(commands)) == ["EVALSHA", "GET"]
+    assert commands.count("EVALSHA") == scripted
+    assert commands.count("GET") == reads
+    # The server agrees: one EVALSHA per write, no EVAL or SCRIPT LOAD fallback.
+    changed = delta(after, before)
+    assert changed["evalsha"] == scripted
+    assert "eval" not in changed
+    assert "script|load" not in changed
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+async def test_script_cache_flush_between_calls_is_invisible(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(private_redis_server.url, prefix=redis_prefix) as p:
+        await exercise_every_operation(p, "before")
+        before = command_calls(private_redis_server)
+        private_redis_server.command("SCRIPT", "FLUSH")
+        await exercise_every_operation(p, "after")
+        private_redis_server.command("SCRIPT", "FLUSH")
+        await exercise_every_operation(p, "again")
+        changed = delta(command_calls(private_redis_server), before)
+    # One NOSCRIPT and one EVAL per script per flush; everything else by EVALSHA.
+    assert changed["eval"] == 2 * 4, changed
+
+
+@pytest.mark.parametrize("client_kind", ["built", "callers"])
+async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recovers(
+    private_redis_server: RedisServer, redis_prefix: str, client_kind: str
+) -> None:
+    timeout_s = 0.5
+    client = None
+    if client_kind == "built":
+        provider = RedisLeaseProvider.from_url(
+            private_redis_server.url, prefix=redis_prefix, timeout_s=timeout_s
+        )
+    else:
+        # redis-py's defaults: no socket timeout, so only the provider's bound helps.
+        client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
+        provider = RedisLeaseProvider(client, prefix=redis_prefix, timeout_s=timeout_s)
+    async with provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        private_redis_server.pause()
+        try:
+            for call in (
+                provider.acquire_lease("k", "a", LONG_MS),
+                provider.get_lease_owner("k"),
+                provider.transfer_lease("k", "a", "b", LONG_MS),
+            ):
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendError) as info:
+                    await call
+                elapsed = time.monotonic() - started
+                assert elapsed < timeout_s + 5, elapsed
+                assert info.value.key == "k"
+                assert info.value.__cause__ is not None
+        finally:
+            private_redis_server.resume()
+        # The last call may or may not have run once the server woke; either is fine.
+        assert await provider.get_lease_owner("k") in ("a", "b")
+        await exercise_every_operation(provider, "after-pause")
+    if client is not None:
+        await client.aclose()
+
+
+async def test_a_killed_server_is_a_prompt_backend_error_and_a_restart_recovers(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(
+        private_redis_server.url, prefix=redis_prefix, timeout_s=2
+    ) as provider:
+        await exercise_every_operation(provider, "k")
+        private_redis_server.kill()
+        started = time.monotonic()
+        with pytest.raises(leasekit.LeaseBackendError) as info:
+            await provider.acquire_lease("k", "a", LONG_MS)
+        assert time.monotonic() - started < 2 + 5
+        assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+        private_redis_server.restart()
+        await exercise_every_operation(provider, "k")
+
+
+@pytest.mark.parametrize("client_kind", ["built", "callers"])
+async def test_a_restarted_server_loses_leases_but_tokens_keep_increasing(
+    private_redis_server: RedisServer, redis_prefix: str, client_kind: str
+) -> None:
+    client = None
+    if client_kind == "built":
+        provider = RedisLeaseProvider.from_url(private_redis_server.url, prefix=redis_prefix)
+    else:
+        client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
+        provider = RedisLeaseProvider(client, prefix=redis_prefix)
+    async with provider:
+        before = await provider.acquire_lease("k", "a", LONG_MS)
+        assert before.token is not None
+        private_redis_server.restart()  # no persistence: every key is gone
+        # The pooled connection died with the server; the client reconnects on its own.
+        assert await provider.get_lease_owner("k") is None
+        after = await provider.acquire_lease("k", "b", LONG_MS)
+        assert after.token is not None
+        assert after.token > before.token
+        await exercise_every_operation(provider, "after-restart")
+    if client is not None:
+        await client.aclose()
+
+
+class TestRedisContractAfterRestart(LeaseProviderContract):
+    """The suite on a provider whose server restarted (all data lost) after it connected."""
+
+    # These race fresh providers in spawned processes, which never saw the restart; they
+    # already run in TestRedisContract, and would only double this class's time here.
+    test_racing_processes_get_exactly_one_winner_per_round = None
+    test_churning_processes_never_overlap_as_holders = None
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def restarting_server(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+        binary = RedisServer.find()
+        if binary is None:
+            missing_server("redis-server is not installed", RedisServer.install_hint)
+        with RedisServer(binary, tmp_path_factory.mktemp("redis-restart")) as server:
+            yield server
+
+    @pytest.fixture
+    async def provider(
+        self, restarting_server: RedisServer, redis_prefix: str
+    ) -> AsyncIterator[Any]:
+        async with RedisLeaseProvider.from_url(restarting_server.url, prefix=redis_prefix) as p:
+            assert (await p.acquire_lease("warm", "a", LONG_MS)).acquired
+            restarting_server.restart()
+            yield p
+
+    @pytest.fixture
+    def provider_factory(self, restarting_server: RedisServer, redis_prefix: str) -> Any:
+        return functools.partial(leasekit.connect, restarting_server.url, prefix=redis_prefix)
