@@ -1,1 +1,127 @@
-"""The leasekit conformance suite."""
+"""The leasekit conformance suite, and the pytest plugin that runs it against a URL.
+
+A backend proves it implements the lease contract with one test class::
+
+    from leasekit_contract import LeaseProviderContract
+
+    class TestMyBackend(LeaseProviderContract):
+        @pytest.fixture
+        async def provider(self):
+            async with MyLeaseProvider(...) as p:
+                yield p
+
+This module is also a pytest plugin, loaded only on request (there is no ``pytest11``
+entry point: it would add options to every pytest run in every environment)::
+
+    pytest -p leasekit_contract --leasekit-url redis://localhost:6379/0
+
+runs the whole suite, and nothing else, against the backend ``leasekit.connect(URL)``
+opens. A bare ``memory://`` becomes a named ``memory://leasekit-check-...`` store so
+the suite's reconnect checks can reach it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import leasekit
+
+# The suite's helpers state expectations with assert; pytest rewrites them for readable
+# failures only if told before they are imported.
+pytest.register_assert_rewrite(
+    *(
+        f"{__name__}.{module}"
+        for module in (
+            "_base",
+            "_concurrency",
+            "_expiry",
+            "_fencing",
+            "_history",
+            "_input",
+            "_lifecycle",
+            "_model",
+            "_semantics",
+            "_suite",
+            "_url_suite",
+            "_workers",
+        )
+    )
+)
+
+from ._base import URL_KEY  # noqa: E402  (after the rewrite registration)
+from ._suite import LeaseProviderContract  # noqa: E402
+
+__all__ = ["LeaseProviderContract", "url_under_test"]
+
+_SUITE_PATH = str(Path(__file__).with_name("_url_suite.py"))
+
+
+def url_under_test(config: pytest.Config) -> str | None:
+    """The URL the plugin runs the suite against, or ``None`` without ``--leasekit-url``."""
+    return config.stash.get(URL_KEY, None)
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("leasekit", "leasekit conformance suite")
+    group.addoption(
+        "--leasekit-url",
+        dest="leasekit_url",
+        metavar="URL",
+        default=None,
+        help="run the leasekit conformance suite, and only it, against the backend "
+        "that leasekit.connect(URL) opens",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    # Swap the suite in as the only path before pytest looks for conftest files, so
+    # the project's own tests and conftests in the current directory stay out of it.
+    namespace = early_config.known_args_namespace
+    if getattr(namespace, "leasekit_url", None) is None:
+        return
+    if namespace.file_or_dir:
+        raise pytest.UsageError(
+            "--leasekit-url runs the conformance suite alone; drop the paths "
+            f"{namespace.file_or_dir} (select tests with -k instead)"
+        )
+    args.append(_SUITE_PATH)
+    namespace.file_or_dir = [_SUITE_PATH]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    url: str | None = config.getoption("leasekit_url")
+    if url is None:
+        return
+    if url.lower() == "memory://":
+        # A private memory store cannot be reached again; a named one can.
+        url = f"memory://leasekit-check-{secrets.token_hex(6)}"
+    try:
+        # Fails fast on an unknown scheme or a missing extra; connect() does no I/O.
+        leasekit.connect(url)
+    except leasekit.LeaseError as exc:
+        raise pytest.UsageError(f"--leasekit-url {_redacted(url)}: {exc}") from exc
+    config.stash[URL_KEY] = url
+    manager = config.pluginmanager
+    if not manager.has_plugin("anyio") and not manager.is_blocked("anyio"):
+        # Plugin autoloading was disabled; the suite cannot run without anyio's.
+        manager.import_plugin("anyio.pytest_plugin")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    url = url_under_test(config)
+    if url is None:
+        return None
+    return f"leasekit conformance suite against {_redacted(url)}"

@@ -1,1 +1,0 @@
-"""pytest plugin for the leasekit conformance suite."""

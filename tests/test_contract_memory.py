@@ -1,0 +1,105 @@
+"""The conformance suite against ``memory://``, through the mixin and through the plugin.
+
+``memory://`` is not shared across processes, so the suite's two multi-process checks
+skip here; ``test_contract_sqlite.py`` runs them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from leasekit_contract import LeaseProviderContract
+
+import leasekit
+from leasekit import LeaseProvider
+
+# -- memory:// through the mixin -------------------------------------------------------
+
+
+class TestMemoryBackend(LeaseProviderContract):
+    @pytest.fixture
+    def memory_url(self) -> str:
+        return f"memory://contract-{uuid.uuid4().hex}"
+
+    @pytest.fixture
+    async def provider(self, memory_url: str) -> AsyncIterator[LeaseProvider]:
+        async with leasekit.connect(memory_url) as provider:
+            yield provider
+
+    @pytest.fixture
+    def provider_factory(self, memory_url: str) -> Callable[[], LeaseProvider]:
+        return functools.partial(leasekit.connect, memory_url)
+
+
+# -- memory:// through the plugin ------------------------------------------------------
+
+
+def suite_size() -> int:
+    """How many tests ``LeaseProviderContract`` holds, parametrizations included."""
+    size = 0
+    for name in dir(LeaseProviderContract):
+        if name.startswith("test_"):
+            count = 1
+            for mark in getattr(getattr(LeaseProviderContract, name), "pytestmark", []):
+                if mark.name == "parametrize":
+                    count *= len(mark.args[1])
+            size += count
+    return size
+
+
+def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
+    # A project of its own, whose tests and conftests the plugin must keep out of the
+    # run (either conftest fails the run if loaded); its settings still apply.
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\ntestpaths = ["tests"]\nfilterwarnings = ["error"]\n'
+    )
+    for conftest in (project / "conftest.py", project / "tests" / "conftest.py"):
+        conftest.write_text(f"raise RuntimeError('the plugin loaded {conftest}')\n")
+    (project / "tests" / "test_unrelated.py").write_text("def test_unrelated():\n    pass\n")
+    report = tmp_path / "report.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "leasekit_contract",
+            "--leasekit-url",
+            "memory://",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "-q",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None, output
+    counts = {
+        name: int(suite.get(name, "0")) for name in ["tests", "failures", "errors", "skipped"]
+    }
+    # The two multi-process checks skip: memory:// is not shared across processes.
+    assert counts == {"tests": suite_size(), "failures": 0, "errors": 0, "skipped": 2}, output
+    skips = {skip.get("message", "") for skip in suite.iter("skipped")}
+    assert skips == {"the backend declares shared_across_processes=False"}, skips
+    classes = {case.get("classname", "") for case in suite.iter("testcase")}
+    assert len(classes) == 1, classes
+    assert classes.pop().endswith("TestLeaseProviderAtURL"), output
