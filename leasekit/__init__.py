@@ -2,13 +2,18 @@
 
 The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 (``memory://``, and the backend plugins' schemes); :func:`lease_provider_for` turns
-"maybe a provider" into one, falling back to the noop provider.
+"maybe a provider" into one, falling back to the noop provider. Above the contract:
+:func:`hold` (acquire, renew in the background, release), :func:`wait_for`,
+:func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; event plugins in
+:mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
+marked with :data:`hookimpl`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._capabilities import Capabilities, capabilities_of
 from ._contract import (
@@ -28,12 +33,20 @@ from ._errors import (
     InvalidLeaseArgument,
     LeaseBackendError,
     LeaseError,
+    LeaseHeld,
     LeasekitWarning,
     LeaseLost,
     LeaseProviderClosed,
 )
+from ._hold import LeaseHold, hold, new_owner_id, wait_for
 from ._memory import MemoryLeaseProvider
 from ._registry import BackendInfo, BackendRegistry
+
+if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
+    from . import hookspecs as hookspecs
+    from . import plugins as plugins
+    from . import sync as sync
+    from .hookspecs import hookimpl
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -46,6 +59,8 @@ __all__ = [
     "InvalidLeaseArgument",
     "LeaseBackendError",
     "LeaseError",
+    "LeaseHeld",
+    "LeaseHold",
     "LeaseLost",
     "LeaseProvider",
     "LeaseProviderClosed",
@@ -58,12 +73,16 @@ __all__ = [
     "available_backends",
     "capabilities_of",
     "connect",
+    "hold",
+    "hookimpl",
     "is_lease_provider",
     "lease_provider_for",
+    "new_owner_id",
     "register",
     "validate_key",
     "validate_owner",
     "validate_ttl_ms",
+    "wait_for",
 ]
 
 __version__ = "0.1.0.dev0"
@@ -104,3 +123,16 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
     loadable, and never affects other schemes.
     """
     return _registry.available(check=check)
+
+
+# Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
+# that uses plugins (or the blocking API) pays for them.
+_LAZY_MODULES = frozenset({"hookspecs", "plugins", "sync"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "hookimpl":
+        return importlib.import_module(f"{__name__}.hookspecs").hookimpl
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ __all__ = [
     "InvalidLeaseArgument",
     "LeaseBackendError",
     "LeaseError",
+    "LeaseHeld",
     "LeaseLost",
     "LeaseProviderClosed",
     "LeasekitWarning",
@@ -95,9 +96,24 @@ class LeaseLost(LeaseError):
         super().__init__(f"lease on {key!r} held by {owner!r} was lost")
 
 
+class LeaseHeld(LeaseError):
+    """The lease is held by someone else: ``hold()`` or ``wait_for()`` could not take it.
+
+    ``holder`` is the owner that holds ``key`` (route follow-up work to it), or
+    ``None`` when the holder's lease expired at the very moment it was asked.
+    """
+
+    def __init__(self, key: str, holder: str | None) -> None:
+        self.key = key
+        self.holder = holder
+        super().__init__(f"lease on {key!r} is held by {holder!r}")
+
+
 class LeasekitWarning(UserWarning):
     """Something works, but not the way the caller probably intended.
 
-    Emitted for a partial provider implementation (falls back to the noop provider)
-    and for a backend plugin that failed to load while listing backends.
+    Emitted for a partial provider implementation (falls back to the noop provider),
+    for a backend plugin that failed to load while listing backends, for an event
+    plugin (entry-point group ``leasekit.plugins``) that failed to load, and for an
+    event hook that raised.
     """

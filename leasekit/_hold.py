@@ -1,0 +1,521 @@
+"""Above the contract: hold() with background renewal and loss detection, wait_for(), owner ids.
+
+Everything here is built from the five contract operations, so it works on every
+backend. Time on this side is the holder's monotonic clock, used only to decide when
+the holder must *stop believing* it holds a lease; the store's clock still decides
+expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import socket
+import sys
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Literal
+
+from . import _hooks
+from ._contract import LeaseProvider, LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from ._errors import InvalidLeaseArgument, LeaseHeld, LeaseLost
+
+__all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
+
+OnLost = Literal["cancel", "flag"]
+"""What :func:`hold` does when the lease is lost: cancel the body, or only set ``.lost``."""
+
+# Reports renewal failures and losses when no event plugin is registered: they are
+# never silent. With plugins registered, the events go to them instead (the logging
+# plugin writes them to this same logger), so nothing is reported twice.
+_log = logging.getLogger("leasekit")
+
+_DEFAULT_POLL_S = 0.05
+_DEFAULT_MAX_POLL_S = 1.0
+
+
+def new_owner_id(prefix: str = "") -> str:
+    """Return a fresh owner id, unique to this call: ``[prefix:]host:pid:random``.
+
+    Owners must be unique per holder. Acquire is idempotent for its owner, so two
+    processes that both use, say, the run id as owner would both "win" the same
+    lease. Make one id per holder (per process, or per task that holds leases
+    independently) and keep it for that holder's lifetime. The host and pid make ids
+    readable in ``get_lease_owner`` answers; 64 random bits make them unique.
+    """
+    checked: object = prefix
+    if not isinstance(checked, str):
+        raise InvalidLeaseArgument("prefix", f"must be a str, got {type(checked).__name__}")
+    if prefix:
+        validate_owner(prefix, "prefix")
+        if len(prefix.encode("utf-8")) > 512:  # leaves room for host, pid and randomness
+            raise InvalidLeaseArgument("prefix", "must be at most 512 UTF-8 bytes")
+    host = (socket.gethostname() or "localhost")[:255]
+    parts = [prefix, host, str(os.getpid()), os.urandom(8).hex()]
+    return ":".join(part for part in parts if part)
+
+
+def _check_wait_s(value: object, argument: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidLeaseArgument(argument, f"must be a number of seconds or None, got {value!r}")
+    if math.isnan(value) or value < 0:
+        raise InvalidLeaseArgument(argument, f"must be >= 0 seconds, got {value!r}")
+    return None if math.isinf(value) else float(value)
+
+
+def _check_poll_s(value: object, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidLeaseArgument(argument, f"must be a number of seconds, got {value!r}")
+    if not 0 < value < math.inf:
+        raise InvalidLeaseArgument(argument, f"must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+async def _acquire_polling(
+    provider: LeaseProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    *,
+    timeout_s: float | None,
+    poll_s: float,
+    max_poll_s: float,
+) -> tuple[LeaseResult, float]:
+    """Acquire, retrying with jittered exponential backoff; (result, start of the winning call).
+
+    Returns the last denied result once ``timeout_s`` has passed (``0``: one attempt,
+    ``None``: no limit). Errors from the store propagate at once.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    delay = poll_s
+    vanished = False
+    while True:
+        start = time.monotonic()
+        result = await provider.acquire_lease(key, owner, ttl_ms)
+        if result.acquired:
+            return result, start
+        if result.owner is None and not vanished:
+            # The holder expired between the check and the answer: the key is free
+            # now, so ask again at once (once: a store that keeps saying this is broken).
+            vanished = True
+            continue
+        vanished = False
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return result, start
+        # Jittered, so waiters that were denied together do not all retry together.
+        pause = delay * random.uniform(0.5, 1.0)
+        if deadline is not None:
+            pause = min(pause, deadline - now)  # the last attempt falls on the deadline
+        await asyncio.sleep(pause)
+        delay = min(delay * 2, max_poll_s)
+
+
+async def wait_for(
+    provider: LeaseProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    timeout_s: float | None,
+    *,
+    poll_s: float = _DEFAULT_POLL_S,
+    max_poll_s: float = _DEFAULT_MAX_POLL_S,
+) -> LeaseResult:
+    """Acquire ``key`` for ``owner``, polling until it is free or ``timeout_s`` has passed.
+
+    Returns the successful :class:`LeaseResult` (with its fencing token). Polls start
+    ``poll_s`` apart and double up to ``max_poll_s``, each randomly shortened by up to
+    half so waiters spread out; the last attempt falls on the deadline. ``timeout_s=0``
+    makes one attempt; ``None`` waits without limit.
+
+    On timeout raises :class:`LeaseHeld` naming the holder at the last attempt (the
+    same error :func:`hold` raises, so one ``except LeaseHeld`` routes work to the
+    holder either way). A :class:`LeaseBackendError` from the store propagates at once.
+    """
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    limit = _check_wait_s(timeout_s, "timeout_s")
+    first = _check_poll_s(poll_s, "poll_s")
+    cap = _check_poll_s(max_poll_s, "max_poll_s")
+    ops = _hooks.HookedLeaseProvider(_hooks.unwrap(provider), _hooks.backend_name(provider))
+    result, _ = await _acquire_polling(
+        ops, key, owner, ttl_ms, timeout_s=limit, poll_s=first, max_poll_s=max(first, cap)
+    )
+    if not result.acquired:
+        raise LeaseHeld(key, result.owner)
+    return result
+
+
+class LeaseHold:
+    """A lease held by :func:`hold`: acquired on ``async with``, renewed in the background.
+
+    Attributes: ``key``, ``owner``, ``ttl_ms``, ``renew_every_ms``, ``on_lost``;
+    ``token``, the fencing token of the grant (``None`` without fencing); ``lost``, an
+    :class:`asyncio.Event` set when the lease is lost; ``lost_reason``
+    (``"renew_refused"``, ``"expired"``, ``"transfer_refused"`` or ``"error"``);
+    ``transferred_to``, the owner it was handed to by :meth:`transfer_to`.
+    """
+
+    def __init__(
+        self,
+        provider: LeaseProvider,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        renew_every_ms: int | None = None,
+        on_lost: OnLost = "cancel",
+        wait_s: float | None = 0.0,
+    ) -> None:
+        self.key = validate_key(key)
+        self.owner = validate_owner(owner)
+        self.ttl_ms = validate_ttl_ms(ttl_ms)
+        if renew_every_ms is None:
+            renew_every_ms = max(1, ttl_ms // 3)
+        else:
+            validate_ttl_ms(renew_every_ms, "renew_every_ms")
+        if renew_every_ms >= ttl_ms:
+            raise InvalidLeaseArgument(
+                "renew_every_ms",
+                f"must be shorter than ttl_ms ({ttl_ms} ms) so renewals come before expiry, "
+                f"got {renew_every_ms}",
+            )
+        self.renew_every_ms = renew_every_ms
+        checked: object = on_lost
+        if checked not in ("cancel", "flag"):
+            raise InvalidLeaseArgument("on_lost", f"must be 'cancel' or 'flag', got {on_lost!r}")
+        self.on_lost = on_lost
+        self._wait_s = _check_wait_s(wait_s, "wait_s")
+        # Operations go through the emitting wrapper whether or not plugins exist now
+        # (it costs two clock reads per operation, nothing for a hold); an emitting
+        # provider from connect() is unwrapped so each event is emitted once.
+        self._ops = _hooks.HookedLeaseProvider(
+            _hooks.unwrap(provider),
+            _hooks.backend_name(provider),
+        )
+        self.token: int | None = None
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
+        self.transferred_to: str | None = None
+        self._entered = False
+        self._exiting = False
+        self._renewed_at = 0.0  # monotonic start of the last successful grant or renewal
+        self._renewer: asyncio.Task[None] | None = None
+        self._renewing = False  # cleared to stop the renewer (with a cancel)
+        self._body: asyncio.Task[object] | None = None
+        self._cancelled_body = False
+        self._cancelling_at_entry = 0  # the body task's cancellation count (3.11+)
+        self._lost_cause: BaseException | None = None
+        self._lost_callbacks: list[Callable[[], object]] = []
+
+    @property
+    def backend(self) -> str:
+        """The backend name events carry (the URL scheme for providers from connect())."""
+        return self._ops.backend
+
+    @property
+    def _ttl_s(self) -> float:
+        return self.ttl_ms / 1000
+
+    def _believed_valid_until(self) -> float:
+        # The store started the TTL no earlier than our call did, so this is the
+        # earliest moment it can have expired: after it, we must not assume we hold it.
+        return self._renewed_at + self._ttl_s
+
+    async def __aenter__(self) -> LeaseHold:
+        if self._entered:
+            raise RuntimeError("a LeaseHold is entered once; call leasekit.hold() again")
+        self._entered = True
+        result, start = await _acquire_polling(
+            self._ops,
+            self.key,
+            self.owner,
+            self.ttl_ms,
+            timeout_s=self._wait_s,
+            poll_s=_DEFAULT_POLL_S,
+            max_poll_s=_DEFAULT_MAX_POLL_S,
+        )
+        if not result.acquired:
+            raise LeaseHeld(self.key, result.owner)
+        self.token = result.token
+        self._renewed_at = start
+        self._body = body = asyncio.current_task()
+        if sys.version_info >= (3, 11) and body is not None:
+            # Nonzero if the hold runs in cleanup code of a task already being cancelled.
+            self._cancelling_at_entry = body.cancelling()
+        self._start_renewer()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exiting = True  # from here on, a loss no longer cancels the body
+        external_cancel = self._take_back_cancel()
+        await self._stop_renewer()
+        if self._cancelled_body:
+            if external_cancel:
+                return  # someone else cancelled the task too: that cancellation wins
+            if exc is None or isinstance(exc, asyncio.CancelledError):
+                raise LeaseLost(self.key, self.owner) from self._lost_cause
+            return  # the body's own error says more; .lost tells the rest
+        if self.lost.is_set() or self.transferred_to is not None:
+            return  # nothing of ours to release
+        try:
+            await self._ops.release_lease(self.key, self.owner)
+        except Exception:
+            if exc is not None:
+                # Keep the body's error; the lease expires by itself. The failed event
+                # went to plugins; without any, say it here.
+                if _hooks.relay() is None:
+                    _log.warning(
+                        "releasing lease on %r held by %r failed; it expires after its TTL",
+                        self.key,
+                        self.owner,
+                        exc_info=True,
+                    )
+                return
+            raise
+
+    def _take_back_cancel(self) -> bool:
+        """Undo our own cancel() of the body; True if another cancellation is pending too."""
+        body = self._body
+        if not self._cancelled_body or body is None:
+            return False
+        if sys.version_info >= (3, 11):
+            # uncancel() keeps the task's cancellation count exact for enclosing
+            # asyncio.timeout() and TaskGroup; a count left above the one at entry is
+            # someone else's (the same bookkeeping asyncio.timeout does).
+            return body.uncancel() > self._cancelling_at_entry
+        # 3.10 cannot tell cancellations apart: a loss and a cancel arriving together
+        # surface as LeaseLost.
+        return False  # pragma: no cover (3.10 only)
+
+    def _start_renewer(self) -> None:
+        self._renewing = True
+        self._renewer = asyncio.create_task(
+            self._renew_loop(), name=f"leasekit renewal of {self.key!r} for {self.owner!r}"
+        )
+
+    async def _stop_renewer(self) -> None:
+        task, self._renewer = self._renewer, None
+        if task is None:
+            return
+        # The flag as well as cancel(): on 3.11 asyncio.wait_for (ours, or a backend's)
+        # can swallow a cancellation that races its result; the loop then sees the flag.
+        self._renewing = False
+        task.cancel()
+        # wait() never raises the task's outcome; it raises only if *we* are cancelled,
+        # and then the renewer, already told to stop, ends on its next step regardless.
+        await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: _renew_loop reports its own errors
+
+    async def _renew_loop(self) -> None:
+        try:
+            await self._renew_until_lost()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (whatever it is, the body must hear of it)
+            # A bug here must not leave the body running unguarded until expiry.
+            self._declare_lost("error", exc)
+
+    async def _renew_until_lost(self) -> None:
+        interval_s = self.renew_every_ms / 1000
+        while True:
+            pause = self._renewed_at + interval_s - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
+                if not self._renewing:
+                    return
+            backoff_s = interval_s / 8
+            attempt = 0
+            while True:
+                attempt += 1
+                start = time.monotonic()
+                remaining_s = self._believed_valid_until() - start
+                if remaining_s <= 0:
+                    self._declare_lost("expired", self._lost_cause)
+                    return
+                try:
+                    # Bounded by the remaining validity: a stalled store must not keep
+                    # the body running past the moment the lease may have expired.
+                    renewed = await asyncio.wait_for(
+                        self._ops.renew_lease(self.key, self.owner, self.ttl_ms), remaining_s
+                    )
+                except Exception as exc:  # noqa: BLE001 (any failure is retried, then expires)
+                    if not self._renewing:
+                        return
+                    self._lost_cause = exc
+                    now = time.monotonic()
+                    remaining_s = self._believed_valid_until() - now
+                    if remaining_s <= 0:
+                        continue  # reported as expired at the top of the loop
+                    pause = min(backoff_s * random.uniform(0.5, 1.0), remaining_s)
+                    if _hooks.relay() is None:
+                        _log.warning(
+                            "renewal %d of lease on %r held by %r failed (%s: %s); retrying "
+                            "in %.3f s, the lease is valid for at most %.3f s more",
+                            attempt,
+                            self.key,
+                            self.owner,
+                            type(exc).__name__,
+                            exc,
+                            pause,
+                            remaining_s,
+                        )
+                    await asyncio.sleep(pause)
+                    if not self._renewing:
+                        return
+                    backoff_s = min(backoff_s * 2, interval_s)
+                    continue
+                if not self._renewing:
+                    return
+                if not renewed:
+                    self._declare_lost("renew_refused", None)
+                    return
+                self._renewed_at = start
+                self._lost_cause = None
+                break
+
+    def _declare_lost(
+        self, reason: str, cause: BaseException | None, *, cancel: bool = True
+    ) -> None:
+        if self.lost.is_set():
+            return
+        self.lost_reason = reason
+        self._lost_cause = cause
+        self.lost.set()
+        if reason in ("expired", "error"):
+            # Refusals were already reported by the operation that was refused.
+            _hooks.emit(
+                "leasekit_lost",
+                key=self.key,
+                owner=self.owner,
+                backend=self.backend,
+                reason=reason,
+                latency_s=None,
+            )
+        if _hooks.relay() is None:
+            _log.warning(
+                "lease on %r held by %r was lost (%s)%s",
+                self.key,
+                self.owner,
+                reason,
+                "; cancelling the body" if cancel and self.on_lost == "cancel" else "",
+            )
+        for callback in self._lost_callbacks:
+            callback()
+        body = self._body
+        wanted = cancel and self.on_lost == "cancel" and not self._exiting
+        if wanted and body is not None and not body.done():
+            self._cancelled_body = True
+            body.cancel(f"leasekit: lease on {self.key!r} was lost ({reason})")
+
+    def _add_lost_callback(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` on the event loop when the lease is lost (for leasekit.sync)."""
+        self._lost_callbacks.append(callback)
+
+    async def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
+        """Hand the lease to ``next_owner`` (atomically where the backend declares it).
+
+        Renewal stops first; after a successful transfer this holder no longer owns the
+        key and leaving the ``async with`` does not release it. ``ttl_ms`` defaults to
+        this hold's TTL. The new owner learns its fencing token by acquiring (an
+        idempotent re-acquire for it).
+
+        Raises :class:`LeaseLost` (and sets ``.lost``) if this holder no longer held the
+        lease. If the store fails (:class:`LeaseBackendError`) the outcome is unknown:
+        renewal resumes, and if the transfer did happen the next renewal is refused and
+        reports the loss.
+        """
+        validate_owner(next_owner, "next_owner")
+        ttl_ms = self.ttl_ms if ttl_ms is None else validate_ttl_ms(ttl_ms)
+        if next_owner == self.owner:
+            raise InvalidLeaseArgument(
+                "next_owner", "must differ from the holder (to extend the lease, just keep it)"
+            )
+        if not self._entered or self._exiting or self._body is None:
+            raise RuntimeError("transfer_to() is called inside the hold's async with block")
+        if self.transferred_to is not None:
+            raise RuntimeError(f"the lease was already transferred to {self.transferred_to!r}")
+        if self.lost.is_set():
+            raise LeaseLost(self.key, self.owner) from self._lost_cause
+        await self._stop_renewer()
+        try:
+            handed = await self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
+        except BaseException:
+            if not self.lost.is_set():
+                self._start_renewer()
+            raise
+        if not handed:
+            self._declare_lost("transfer_refused", None, cancel=False)
+            raise LeaseLost(self.key, self.owner)
+        self.transferred_to = next_owner
+
+    def __repr__(self) -> str:
+        if self.transferred_to is not None:
+            state = f"transferred to {self.transferred_to!r}"
+        elif self.lost.is_set():
+            state = f"lost ({self.lost_reason})"
+        elif self._renewer is not None:
+            state = "held"
+        else:
+            state = "not held"
+        return f"<LeaseHold {self.key!r} owner={self.owner!r} {state}>"
+
+
+def hold(
+    provider: LeaseProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    *,
+    renew_every_ms: int | None = None,
+    on_lost: OnLost = "cancel",
+    wait_s: float | None = 0.0,
+) -> LeaseHold:
+    """Hold ``key`` for ``owner`` for the duration of an ``async with`` block.
+
+    ::
+
+        async with leasekit.hold(provider, "thread-42", owner, ttl_ms=30_000) as lease:
+            await work(fencing_token=lease.token)
+
+    Entering acquires (raising :class:`LeaseHeld`, carrying the holder, if someone
+    else holds it; with ``wait_s`` it first polls that long, ``None`` without limit).
+    A background task renews every ``renew_every_ms`` (default ``ttl_ms // 3``).
+    Leaving releases, unless the lease was handed on with :meth:`LeaseHold.transfer_to`
+    or lost.
+
+    The lease is *lost* when a renewal is refused, or when renewals keep failing until
+    the TTL, counted on this process's monotonic clock from the start of the last
+    successful acquire or renewal, has run out (failures are retried with backoff
+    meanwhile, and reported as ``leasekit_failed`` events, or logged when no plugin is
+    registered). Then ``.lost`` is set, a ``leasekit_lost`` event is emitted, and with
+    ``on_lost="cancel"`` (the default) the body is cancelled and :class:`LeaseLost`
+    raised out of the ``async with``; with ``on_lost="flag"`` the body runs on and
+    should check ``.lost``.
+
+    Cancelling the body or its task stops renewal and releases the lease (or, if the
+    release is itself interrupted, leaves it to expire); no task outlives the block.
+    Arguments are validated here, before any I/O.
+    """
+    return LeaseHold(
+        provider,
+        key,
+        owner,
+        ttl_ms,
+        renew_every_ms=renew_every_ms,
+        on_lost=on_lost,
+        wait_s=wait_s,
+    )

@@ -1,0 +1,507 @@
+"""The blocking API, for code without an event loop: Flask views, Celery tasks, scripts.
+
+::
+
+    with leasekit.sync.connect("sqlite:///leases.db") as leases:
+        result = leases.acquire_lease("thread-42", owner, ttl_ms=30_000)
+
+A facade (:class:`SyncLeaseProvider`) runs one event loop in one background thread
+and runs the async provider there; each blocking call submits one coroutine to that
+loop and waits for it. Nothing is written twice: the operations are the backend's own
+async code, and :func:`hold` is :func:`leasekit.hold` running on the facade's loop.
+Any number of threads may share one facade; the provider itself only ever runs on
+the loop thread, so it needs no thread-safety of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from types import TracebackType
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from . import _hooks
+from ._capabilities import Capabilities, capabilities_of
+from ._contract import LeaseProvider, LeaseResult
+from ._errors import InvalidLeaseArgument, LeaseLost, LeaseProviderClosed
+from ._hold import _DEFAULT_MAX_POLL_S, _DEFAULT_POLL_S, LeaseHold
+from ._hold import wait_for as _async_wait_for
+
+__all__ = [
+    "SyncLeaseHold",
+    "SyncLeaseProvider",
+    "SyncOnLost",
+    "connect",
+    "hold",
+    "wait_for",
+    "wrap",
+]
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+SyncOnLost = Literal["flag", "raise"]
+"""What :func:`hold` does on loss: set ``.lost`` only, or also raise on leaving the block."""
+
+
+class _LoopThread:
+    """One event loop running forever in one daemon thread, until stop()."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                # Whatever still runs (a hold's task, a call racing close()) is
+                # cancelled and awaited, so its cleanup runs here and not never.
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def stop(self) -> None:
+        """Stop the loop and wait for the thread (after its cleanup) to end."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+def _stop_abandoned(loop: asyncio.AbstractEventLoop) -> None:
+    # A facade garbage-collected without close(): let its thread end rather than run
+    # an idle loop until the process exits. Its provider is left unclosed.
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+
+
+class SyncLeaseProvider:
+    """A blocking lease provider over any async one, safe to share between threads.
+
+    Made by :func:`connect` or :func:`wrap`. The five contract operations have the
+    same names, arguments and semantics as on :class:`leasekit.LeaseProvider`, and
+    block the calling thread until done; errors are the same leasekit errors. Use it
+    as a context manager, or call :meth:`close`. After closing, operations raise
+    :class:`leasekit.LeaseProviderClosed`.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], Awaitable[LeaseProvider]],
+        *,
+        owns_provider: bool,
+        thread_name: str = "leasekit-sync",
+    ) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._owns = owns_provider
+        self._opened = False
+        self._holds: set[asyncio.Task[None]] = set()
+        self._runner = _LoopThread(thread_name)
+        self._finalizer = weakref.finalize(self, _stop_abandoned, self._runner.loop)
+        try:
+            self._provider = self._run_coroutine(_call(build))
+        except BaseException:
+            self._finalizer.detach()
+            self._runner.stop()
+            raise
+        self.backend = _hooks.backend_name(self._provider)
+
+    @property
+    def provider(self) -> LeaseProvider:
+        """The async provider underneath; use it only on this facade's loop (see :meth:`run`)."""
+        return self._provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The provider's declared capabilities."""
+        return capabilities_of(self._provider)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._closed
+
+    # -- running on the loop ---------------------------------------------------------------
+
+    def _submit(
+        self, coro: Coroutine[Any, Any, _T], *, internal: bool = False
+    ) -> concurrent.futures.Future[_T]:
+        if self._runner.in_loop_thread():
+            coro.close()
+            raise RuntimeError(
+                "a leasekit.sync call was made from the facade's own event-loop thread "
+                "(from a hook?); it would wait for itself forever"
+            )
+        # Submitting under the lock orders every submission before close() stops the
+        # loop, so no call is queued on a loop that will never run it.
+        with self._lock:
+            if self._closed and not internal:
+                coro.close()
+                raise LeaseProviderClosed(getattr(self, "backend", "sync"))
+            return asyncio.run_coroutine_threadsafe(coro, self._runner.loop)
+
+    def _wait(self, future: concurrent.futures.Future[_T]) -> _T:
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            # Cancelled by close() from another thread, or by a Ctrl-C in this one.
+            raise LeaseProviderClosed(getattr(self, "backend", "sync")) from None
+        except BaseException:
+            future.cancel()  # KeyboardInterrupt while waiting: stop the operation too
+            raise
+
+    def _run_coroutine(self, coro: Coroutine[Any, Any, _T], *, internal: bool = False) -> _T:
+        return self._wait(self._submit(coro, internal=internal))
+
+    def run(self, fn: Callable[_P, Awaitable[_T]], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run ``await fn(*args, **kwargs)`` on the facade's loop and return its result.
+
+        For what the facade does not wrap, such as a backend's extras:
+        ``leases.run(leases.provider.inspect)`` on SQLite.
+        """
+        return self._run_coroutine(_call(fn, *args, **kwargs))
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        """Blocking :meth:`leasekit.LeaseProvider.acquire_lease`."""
+        return self.run(self._provider.acquire_lease, key, owner, ttl_ms)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        """Blocking :meth:`leasekit.LeaseProvider.get_lease_owner`."""
+        return self.run(self._provider.get_lease_owner, key)
+
+    def release_lease(self, key: str, owner: str) -> None:
+        """Blocking :meth:`leasekit.LeaseProvider.release_lease`."""
+        return self.run(self._provider.release_lease, key, owner)
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.LeaseProvider.renew_lease`."""
+        return self.run(self._provider.renew_lease, key, owner, ttl_ms)
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.LeaseProvider.transfer_lease`."""
+        return self.run(self._provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> SyncLeaseProvider:
+        """Open the provider's connections now (what ``with`` does); returns self.
+
+        Only for providers the facade owns (from :func:`connect`); for a wrapped
+        provider the caller opens and closes it.
+        """
+        if self._owns and not self._opened:
+            enter = getattr(self._provider, "__aenter__", None)
+            if enter is not None:
+                self.run(enter)
+            self._opened = True
+        return self
+
+    def close(self) -> None:
+        """Stop every hold, close the provider (if the facade owns it), stop the thread.
+
+        Leases still held in :func:`hold` blocks of other threads are released first
+        and those holds are marked lost. Idempotent; safe from any thread but the
+        facade's own loop thread.
+        """
+        if self._runner.in_loop_thread():
+            raise RuntimeError("close() cannot run on the facade's own event-loop thread")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._run_coroutine(self._shutdown(), internal=True)
+        finally:
+            self._finalizer.detach()
+            self._runner.stop()
+
+    async def _shutdown(self) -> None:
+        holds = list(self._holds)
+        for task in holds:
+            task.cancel()
+        if holds:
+            await asyncio.wait(holds)
+        if self._owns:
+            close = getattr(self._provider, "aclose", None)
+            if close is not None:
+                await close()
+
+    def __enter__(self) -> SyncLeaseProvider:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._closed else ""
+        return f"<SyncLeaseProvider {self._provider!r}{state}>"
+
+
+async def _call(fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
+    # Even calling fn happens on the loop: a provider method may do work before its
+    # first await, or be a plain function returning an awaitable.
+    return await fn(*args, **kwargs)
+
+
+def connect(
+    url: str,
+    *,
+    require: Iterable[str] | str = (),
+    thread_name: str | None = None,
+    **options: Any,
+) -> SyncLeaseProvider:
+    """The blocking twin of :func:`leasekit.connect`: a facade owning a new provider.
+
+    The provider is built on the facade's loop thread (so clients that bind to a loop
+    bind to that one) and opened by ``with`` (or :meth:`SyncLeaseProvider.open`, or
+    lazily by the first operation). ``thread_name`` names the loop thread. Raises what
+    :func:`leasekit.connect` raises.
+    """
+    from . import connect as async_connect  # noqa: PLC0415 (leasekit/__init__ imports us lazily)
+
+    async def build() -> LeaseProvider:
+        return async_connect(url, require=require, **options)
+
+    return SyncLeaseProvider(
+        build, owns_provider=True, thread_name=thread_name or f"leasekit-sync {url}"
+    )
+
+
+def wrap(
+    provider: LeaseProvider, *, close: bool = False, thread_name: str = "leasekit-sync"
+) -> SyncLeaseProvider:
+    """A blocking facade over an existing async ``provider``.
+
+    The provider then runs on the facade's loop thread: it must not be bound to another
+    event loop (most providers bind on first use, so hand it over unused). The
+    facade opens and closes it only with ``close=True``.
+    """
+
+    async def build() -> LeaseProvider:
+        return provider
+
+    return SyncLeaseProvider(build, owns_provider=close, thread_name=thread_name)
+
+
+def _facade(provider: object) -> SyncLeaseProvider:
+    if not isinstance(provider, SyncLeaseProvider):
+        raise TypeError(
+            f"expected a leasekit.sync facade, got {type(provider).__name__}; make one with "
+            "leasekit.sync.connect(url) or leasekit.sync.wrap(async_provider)"
+        )
+    return provider
+
+
+def wait_for(
+    provider: SyncLeaseProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    timeout_s: float | None,
+    *,
+    poll_s: float = _DEFAULT_POLL_S,
+    max_poll_s: float = _DEFAULT_MAX_POLL_S,
+) -> LeaseResult:
+    """The blocking :func:`leasekit.wait_for`: poll until acquired, or raise ``LeaseHeld``."""
+    facade = _facade(provider)
+    return facade.run(
+        _async_wait_for,
+        facade.provider,
+        key,
+        owner,
+        ttl_ms,
+        timeout_s,
+        poll_s=poll_s,
+        max_poll_s=max_poll_s,
+    )
+
+
+class SyncLeaseHold:
+    """A lease held by :func:`hold`, renewed on the facade's loop while the block runs.
+
+    ``key``, ``owner``, ``ttl_ms``, ``token``, ``lost_reason`` and ``transferred_to``
+    are those of the underlying :class:`leasekit.LeaseHold`; ``lost`` is a
+    :class:`threading.Event`, set from the loop thread the moment the lease is lost.
+    """
+
+    def __init__(self, facade: SyncLeaseProvider, lease: LeaseHold, on_lost: SyncOnLost) -> None:
+        self._facade = facade
+        self._lease = lease
+        self.on_lost = on_lost
+        self.lost = threading.Event()
+        lease._add_lost_callback(self.lost.set)
+        self._closed_by_facade = False
+        self._release: asyncio.Event | None = None
+        self._done: concurrent.futures.Future[None] | None = None
+
+    @property
+    def key(self) -> str:
+        """The lease key."""
+        return self._lease.key
+
+    @property
+    def owner(self) -> str:
+        """The holder's owner id."""
+        return self._lease.owner
+
+    @property
+    def ttl_ms(self) -> int:
+        """The TTL the grant and each renewal set."""
+        return self._lease.ttl_ms
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the grant (``None`` on a backend without fencing)."""
+        return self._lease.token
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (see :class:`leasekit.LeaseHold`), ``"closed"`` if the
+        facade was closed under the hold, or ``None``."""
+        return "closed" if self._closed_by_facade else self._lease.lost_reason
+
+    @property
+    def transferred_to(self) -> str | None:
+        """The owner the lease was handed to by :meth:`transfer_to`, if any."""
+        return self._lease.transferred_to
+
+    async def _hold_until_released(self, entered: concurrent.futures.Future[None]) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._facade._holds.add(task)
+        release = self._release = asyncio.Event()
+        try:
+            async with self._lease:
+                entered.set_result(None)
+                await release.wait()
+        except asyncio.CancelledError:
+            if entered.done():
+                self._closed_by_facade = True
+                self.lost.set()
+            raise
+        except Exception as exc:
+            if not entered.done():
+                entered.set_exception(exc)
+                return
+            raise
+        finally:
+            self._facade._holds.discard(task)
+
+    def __enter__(self) -> SyncLeaseHold:
+        if self._done is not None:
+            raise RuntimeError("a SyncLeaseHold is entered once; call leasekit.sync.hold() again")
+        entered: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done = self._done = self._facade._submit(self._hold_until_released(entered))
+        try:
+            concurrent.futures.wait([entered, done], return_when=concurrent.futures.FIRST_COMPLETED)
+            if not entered.done():
+                self._facade._wait(done)  # raises: it ended before acquiring
+                raise LeaseProviderClosed(self._facade.backend)  # pragma: no cover
+            entered.result()
+        except BaseException:
+            done.cancel()  # a Ctrl-C while acquiring: give up (a lease got is released)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        done = self._done
+        release = self._release
+        if done is None or release is None:
+            return
+        loop = self._facade._runner.loop
+        if not done.done():
+            # RuntimeError: the loop already shut down, the facade was closed under us.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(release.set)
+        try:
+            self._facade._wait(done)
+        except LeaseProviderClosed:
+            pass  # closed under us: already released (or left to expire) and flagged lost
+        except Exception:
+            if exc_type is None:
+                raise  # the release failed, and nothing else is being reported
+        if self.on_lost == "raise" and self.lost.is_set() and exc_type is None:
+            raise LeaseLost(self.key, self.owner)
+
+    def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
+        """Hand the lease to ``next_owner``; see :meth:`leasekit.LeaseHold.transfer_to`."""
+        self._facade.run(self._lease.transfer_to, next_owner, ttl_ms)
+
+    def __repr__(self) -> str:
+        return repr(self._lease).replace("<LeaseHold", "<SyncLeaseHold", 1)
+
+
+def hold(
+    provider: SyncLeaseProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    *,
+    renew_every_ms: int | None = None,
+    on_lost: SyncOnLost = "flag",
+    wait_s: float | None = 0.0,
+) -> SyncLeaseHold:
+    """The blocking :func:`leasekit.hold`: a ``with`` block holding ``key`` for ``owner``.
+
+    ::
+
+        with leasekit.sync.hold(leases, "thread-42", owner, ttl_ms=30_000) as lease:
+            do_work(fencing_token=lease.token)
+
+    Acquisition, renewal every ``renew_every_ms``, loss detection and release are
+    :func:`leasekit.hold`'s, running on the facade's loop thread while the block runs
+    in the calling thread. A thread cannot be cancelled from outside, so on loss the
+    body is not interrupted: ``.lost`` (a :class:`threading.Event`) is set, and the
+    body should check it between steps. ``on_lost="raise"`` also raises
+    :class:`leasekit.LeaseLost` when the block ends normally after a loss, so work done
+    without the lease does not pass as done with it.
+    """
+    facade = _facade(provider)
+    checked: object = on_lost
+    if checked not in ("flag", "raise"):
+        raise InvalidLeaseArgument(
+            "on_lost",
+            f"must be 'flag' or 'raise' in leasekit.sync (a thread cannot be cancelled), "
+            f"got {on_lost!r}",
+        )
+    lease = LeaseHold(
+        facade.provider,
+        key,
+        owner,
+        ttl_ms,
+        renew_every_ms=renew_every_ms,
+        on_lost="flag",
+        wait_s=wait_s,
+    )
+    return SyncLeaseHold(facade, lease, on_lost)

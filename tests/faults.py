@@ -1,0 +1,134 @@
+"""Helpers for the hold(), sync and hook tests: a provider with scripted renewals, polling.
+
+Nothing here sleeps for a fixed time and then asserts: tests wait for a condition,
+with a generous limit that only a hung test reaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from leasekit import LeaseBackendError, LeaseProvider, LeaseResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PATIENCE_S = 10.0
+"""How long a test waits for something that should happen in milliseconds."""
+
+
+class ScriptedProvider:
+    """A real provider whose renewals can be made to fail, hang, or be refused.
+
+    ``fail_renewals`` makes that many next renewals raise :class:`LeaseBackendError`;
+    ``renew_mode`` then decides the rest: ``"ok"`` (the real provider answers),
+    ``"fail"``, ``"hang"`` (never returns) or ``"refuse"`` (returns False).
+    """
+
+    def __init__(self, inner: LeaseProvider) -> None:
+        self.inner = inner
+        self.renew_mode = "ok"
+        self.fail_renewals = 0
+        self.renew_calls = 0
+        self.renewed = 0
+        self.hanging = 0
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        return await self.inner.acquire_lease(key, owner, ttl_ms)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        return await self.inner.get_lease_owner(key)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self.inner.release_lease(key, owner)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        self.renew_calls += 1
+        if self.fail_renewals > 0:
+            self.fail_renewals -= 1
+            raise LeaseBackendError("injected failure", backend="scripted", key=key)
+        if self.renew_mode == "fail":
+            raise LeaseBackendError("injected failure", backend="scripted", key=key)
+        if self.renew_mode == "hang":
+            self.hanging += 1
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.hanging -= 1
+        if self.renew_mode == "refuse":
+            return False
+        renewed = await self.inner.renew_lease(key, owner, ttl_ms)
+        self.renewed += renewed
+        return renewed
+
+
+async def eventually(predicate: Callable[[], bool], what: str = "condition") -> None:
+    """Wait until ``predicate()`` is true; fail after :data:`PATIENCE_S`."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+def leasekit_tasks() -> list[asyncio.Task[object]]:
+    """Tasks running leasekit code (renewers, in-flight operations) on this loop."""
+    found = []
+    for task in asyncio.all_tasks():
+        name = getattr(task.get_coro(), "__qualname__", "")
+        if name.startswith(("LeaseHold.", "HookedLeaseProvider.", "ScriptedProvider.")):
+            found.append(task)
+    return found
+
+
+def shared_url(backend: str, tmp_path_str: str, name: str) -> str:
+    """A URL whose connections share leases: a named memory store or one SQLite file."""
+    if backend == "memory":
+        return f"memory://{name}"
+    return f"sqlite:///{tmp_path_str}/leases.db"
+
+
+def run_example(name: str, cwd: Path) -> str:
+    """Run ``examples/<name>`` in a fresh interpreter (warnings are errors); its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(ROOT / "examples" / name)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.stderr == ""
+    return done.stdout
+
+
+def documented_output(page: str, example: str) -> str:
+    """What ``docs/<page>`` shows an example printing; the page must quote it verbatim."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    source = (ROOT / "examples" / example).read_text(encoding="utf-8")
+    quoted = f"```python\n{source}```\n"
+    assert quoted in text, f"docs/{page} must quote examples/{example} verbatim"
+    shown = re.search(r"```text\n(.*?)```", text.split(quoted, 1)[1], re.DOTALL)
+    assert shown is not None, f"docs/{page} must show what examples/{example} prints"
+    return shown.group(1)
+
+
+__all__ = [
+    "PATIENCE_S",
+    "ROOT",
+    "ScriptedProvider",
+    "documented_output",
+    "eventually",
+    "leasekit_tasks",
+    "run_example",
+    "shared_url",
+]
