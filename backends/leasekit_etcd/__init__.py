@@ -1,1 +1,11 @@
-"""The etcd backend for leasekit: not implemented yet, and not registered as a scheme."""
+"""The etcd backend for leasekit: ``etcd://host:port[,host:port...]`` and ``etcds://``.
+
+Each lease is a key bound to an etcd lease of its own; acquire, release and transfer
+are single etcd transactions, and fencing tokens are etcd revisions. Several
+endpoints fail over. Install with ``pip install 'leasekit[etcd]'``; see
+``docs/backends/etcd.md``.
+"""
+
+from ._provider import EtcdLeaseProvider, LeaseRecord
+
+__all__ = ["EtcdLeaseProvider", "LeaseRecord"]

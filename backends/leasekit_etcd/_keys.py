@@ -1,0 +1,102 @@
+"""etcd key names for lease records: one key per holder, binary-safe and reversible.
+
+A live lease on key ``k`` held by ``o`` is the etcd key
+``<prefix><escaped k>\\x00<o>``, whose value is ``o`` (UTF-8) and which is bound to an
+etcd lease. The holder is part of the name so that a transfer can delete the old
+holder's record and create the new one in one transaction: the new record's
+``create_revision`` is that transaction's revision, which is the fencing token, while
+a same-owner re-put (a renewal with a different TTL moves the record to a new etcd
+lease) keeps ``create_revision`` and so keeps the token. See ``_txn`` for the
+transactions.
+
+All records of ``k`` live in one contiguous etcd range, the *holder range*
+``[<prefix><escaped k>\\x00, <prefix><escaped k>\\x01)``. The escaping removes every
+NUL from the key so that the first NUL after the prefix ends it, and so that no other
+key's records fall into that range: ``\\x00`` -> ``\\x01\\x01``, ``\\x01`` ->
+``\\x01\\x02``, every other byte kept. The mapping is prefix-free and keeps byte order,
+so etcd's key order is lease-key order, and the records of the keys that start with
+``p`` form the range of names starting with ``<prefix><escaped p>`` (``inspect``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SEPARATOR",
+    "holder_range",
+    "prefix_range",
+    "range_end",
+    "record_name",
+    "split_record_name",
+]
+
+SEPARATOR = b"\x00"
+
+_ESCAPE = {0: b"\x01\x01", 1: b"\x01\x02"}
+_UNESCAPE = {1: 0, 2: 1}
+
+
+def _escape(key: str) -> bytes:
+    raw = key.encode()
+    if b"\x00" not in raw and b"\x01" not in raw:
+        return raw
+    return b"".join(_ESCAPE.get(byte, bytes((byte,))) for byte in raw)
+
+
+def _unescape(escaped: bytes) -> bytes | None:
+    if b"\x01" not in escaped:
+        return escaped
+    out = bytearray()
+    it = iter(escaped)
+    for byte in it:
+        if byte != 1:
+            out.append(byte)
+            continue
+        code = next(it, None)
+        if code not in _UNESCAPE:
+            return None
+        out.append(_UNESCAPE[code])
+    return bytes(out)
+
+
+def range_end(start: bytes) -> bytes:
+    """The end (exclusive) of the etcd range of every name that starts with ``start``."""
+    end = bytearray(start)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\x00"  # etcd's "to the end of the keyspace"
+
+
+def record_name(prefix: bytes, key: str, owner: str) -> bytes:
+    """The name of ``owner``'s record of a lease on ``key`` (both valid names)."""
+    return prefix + _escape(key) + SEPARATOR + owner.encode()
+
+
+def holder_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
+    """``(start, end)`` of the range holding every record of ``key`` (at most one)."""
+    start = prefix + _escape(key) + SEPARATOR
+    return start, range_end(start)
+
+
+def prefix_range(prefix: bytes, key_prefix: str | None) -> tuple[bytes, bytes]:
+    """``(start, end)`` of the records of every key that starts with ``key_prefix``."""
+    start = prefix + (b"" if key_prefix is None else _escape(key_prefix))
+    return start, range_end(start)
+
+
+def split_record_name(prefix: bytes, name: bytes) -> tuple[str, str] | None:
+    """``(key, owner)`` of a record name, or ``None`` if it is not one of ours."""
+    if not name.startswith(prefix):
+        return None
+    escaped, sep, owner = name[len(prefix) :].partition(SEPARATOR)
+    if not sep or not escaped or not owner:
+        return None
+    raw = _unescape(escaped)
+    if raw is None:
+        return None
+    try:
+        return raw.decode(), owner.decode()
+    except UnicodeDecodeError:
+        return None

@@ -1,0 +1,287 @@
+"""The cluster as the backend sees it: one gRPC channel per endpoint, and failover.
+
+``aetcd.Client`` talks to one endpoint. A consensus store is worth its price only if
+the client survives losing a member, so this thin layer does what etcd's Go client
+(clientv3) does, and no more:
+
+- Calls go to a *pinned* member, the last one that answered. With several endpoints,
+  a member whose channel is not connected (refused, down, still connecting after
+  ``connect_timeout_s``) is skipped before anything is sent to it.
+- Every call carries gRPC metadata ``hasleader: true``: a member cut off from the
+  quorum then refuses at once with "etcdserver: no leader" instead of waiting, and
+  nothing was applied, so the call moves on to the next member. So does a call that
+  found no connection to make (refused): it was never sent.
+- While no member takes a call, it is tried again until the operation's deadline:
+  an election or a restart that ends in time is invisible, one that does not is a
+  timeout naming the last failure.
+- Reads and keep-alives (*safe* calls: repeating them changes nothing) also move on
+  after a timeout or a lost connection; they get a share of the time budget per
+  member, so a frozen member cannot eat all of it. Writes never do: a write that
+  may have reached a member has an unknown outcome, and is reported as such
+  (``LeaseBackendError``) rather than repeated. This is clientv3's rule for
+  mutations.
+- A member that timed out or dropped its connection loses the pin, so the next call
+  starts with another one.
+
+Authentication (``user:password@`` in the URL) uses etcd's ``Authenticate`` per
+member (simple tokens are only valid on the member that issued them), again when
+the member says the token expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import _rpc
+
+__all__ = ["Credentials", "Member", "Members", "TlsFiles"]
+
+_T = TypeVar("_T")
+
+Metadata = tuple[tuple[str, str], ...]
+Invoke = Callable[["_rpc.Stubs", Metadata, float], Awaitable[_T]]
+
+_BASE_METADATA: Metadata = (("hasleader", "true"),)
+
+# gRPC channel settings: reconnect quickly once a member is back (the default backoff
+# grows to two minutes), and notice a dead connection while calls are waiting on it.
+# etcd refuses keepalive pings more often than every 5 s (--grpc-keepalive-min-time).
+_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM contents (already read) for a TLS channel; ``None`` means gRPC's default."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+
+def _was_not_applied(exc: Exception) -> bool:
+    """Whether the call certainly changed nothing: it never reached a member (no
+    connection could be made), or the member refused it for want of a leader."""
+    code, details = _status(exc)
+    return code == _rpc.StatusCode.UNAVAILABLE and (
+        "no leader" in details or "failed to connect to all addresses" in details
+    )
+
+
+def _is_expired_token(exc: Exception) -> bool:
+    code, details = _status(exc)
+    return code == _rpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in details
+
+
+def _is_transient(exc: Exception) -> bool:
+    code, _ = _status(exc)
+    return code in (_rpc.StatusCode.UNAVAILABLE, _rpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _status(exc: Exception) -> tuple[Any, str]:
+    code = getattr(exc, "code", None)
+    details = getattr(exc, "details", None)
+    return (
+        code() if callable(code) else None,
+        (details() if callable(details) else None) or "",
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line account of a gRPC failure: status code and etcd's message."""
+    code, details = _status(exc) if isinstance(exc, Exception) else (None, "")
+    if code is None:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{getattr(code, 'name', code)}: {details or 'no details'}"
+
+
+class Member:
+    """One endpoint: its channel (opened on first use), stubs and auth token."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        tls: TlsFiles | None,
+        credentials: Credentials | None,
+        channel: _rpc.Channel | None = None,
+        metadata: Metadata = (),
+    ) -> None:
+        self.address = address
+        self._tls = tls
+        self._credentials = credentials
+        self._channel = channel
+        self._owns_channel = channel is None
+        self._stubs = None if channel is None else _rpc.Stubs(channel)
+        self._extra_metadata = metadata
+        self._token: str | None = None
+
+    @property
+    def channel(self) -> _rpc.Channel:
+        if self._channel is None:
+            if self._tls is None:
+                self._channel = _rpc.insecure_channel(self.address, _CHANNEL_OPTIONS)
+            else:
+                creds = _rpc.ssl_credentials(self._tls.ca, self._tls.key, self._tls.cert)
+                self._channel = _rpc.secure_channel(self.address, creds, _CHANNEL_OPTIONS)
+            self._stubs = _rpc.Stubs(self._channel)
+        return self._channel
+
+    @property
+    def stubs(self) -> _rpc.Stubs:
+        _ = self.channel
+        assert self._stubs is not None
+        return self._stubs
+
+    @property
+    def metadata(self) -> Metadata:
+        token: Metadata = () if self._token is None else (("token", self._token),)
+        return _BASE_METADATA + self._extra_metadata + token
+
+    @property
+    def needs_token(self) -> bool:
+        return self._credentials is not None and self._token is None
+
+    @property
+    def authenticates(self) -> bool:
+        return self._credentials is not None
+
+    async def authenticate(self, timeout_s: float) -> None:
+        assert self._credentials is not None
+        request = _rpc.authenticate_request(self._credentials.username, self._credentials.password)
+        response = await self.stubs.auth.Authenticate(request, timeout=timeout_s)
+        self._token = str(response.token)
+
+    def forget_token(self) -> None:
+        self._token = None
+
+    def connected(self) -> bool:
+        return bool(self.channel.get_state(try_to_connect=True) == _rpc.ChannelState.READY)
+
+    async def wait_connected(self, wait_s: float) -> bool:
+        """Whether the channel is (or becomes, within ``wait_s``) connected.
+
+        A channel that failed to connect (refused, unreachable) is reported at once, so
+        the caller can move on to another member without waiting.
+        """
+        channel = self.channel
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        state = channel.get_state(try_to_connect=True)
+        while state != _rpc.ChannelState.READY:
+            if state in (_rpc.ChannelState.TRANSIENT_FAILURE, _rpc.ChannelState.SHUTDOWN):
+                return False
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            except (TimeoutError, asyncio.TimeoutError):
+                return False
+            state = channel.get_state(try_to_connect=True)
+        return True
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None and self._owns_channel:
+            await channel.close()
+
+
+class Members:
+    """The endpoints of one cluster, with the failover rules described above."""
+
+    def __init__(self, members: Sequence[Member], *, connect_timeout_s: float) -> None:
+        self.members = list(members)
+        self.connect_timeout_s = connect_timeout_s
+        self._pinned = 0
+        self.last_failure: str | None = None
+
+    @property
+    def pinned(self) -> Member:
+        return self.members[self._pinned]
+
+    def _unpin(self, member: Member) -> None:
+        if self.members[self._pinned] is member:
+            self._pinned = (self._pinned + 1) % len(self.members)
+
+    async def call(self, invoke: Invoke[_T], *, deadline: float, safe: bool) -> _T:
+        """Run ``invoke(stubs, metadata, timeout_s)`` on a member, failing over as above.
+
+        ``deadline`` is the ``loop.time()`` by which the whole call must be done; the
+        caller also bounds it (``asyncio.timeout``), so this never outlives it. While
+        no member can take the call (all down, or no leader yet) it keeps trying, so a
+        restart or an election within the deadline is invisible to the caller.
+        """
+        loop = asyncio.get_running_loop()
+        count = len(self.members)
+        pause_s = 0.02
+        while True:
+            for offset in range(count):
+                index = (self._pinned + offset) % count
+                member = self.members[index]
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                if count > 1 and not await member.wait_connected(
+                    min(remaining, self.connect_timeout_s)
+                ):
+                    self.last_failure = f"{member.address}: not connected"
+                    continue
+                try:
+                    result = await self._attempt(member, invoke, deadline, safe=safe)
+                except _rpc.AioRpcError as exc:
+                    self.last_failure = f"{member.address}: {describe(exc)}"
+                    if _was_not_applied(exc) or (safe and _is_transient(exc)):
+                        self._unpin(member)
+                        continue
+                    if _is_transient(exc):
+                        self._unpin(member)
+                    raise
+                self._pinned = index
+                self.last_failure = None
+                return result
+            # No member took the call in this pass: give them a moment, then try again.
+            await asyncio.sleep(min(pause_s, max(0.0, deadline - loop.time())))
+            pause_s = min(pause_s * 2, 0.25)
+
+    async def _attempt(
+        self, member: Member, invoke: Invoke[_T], deadline: float, *, safe: bool
+    ) -> _T:
+        loop = asyncio.get_running_loop()
+        for tries in range(2):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError
+            if safe and len(self.members) > 1:
+                # A frozen member must leave time for the others.
+                remaining = min(remaining, max(0.25, remaining / 2))
+            if member.needs_token:
+                await member.authenticate(remaining)
+            try:
+                return await invoke(member.stubs, member.metadata, remaining)
+            except _rpc.AioRpcError as exc:
+                # An expired token is refused before anything is applied: renew, repeat.
+                if tries == 0 and _is_expired_token(exc) and member.authenticates:
+                    member.forget_token()
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def close(self) -> None:
+        for member in self.members:
+            await member.close()

@@ -1,0 +1,629 @@
+"""The etcd backend on a single member: the conformance suite, then URLs and options,
+binary-safe names, fencing across restarts, no leaked etcd leases, round trips per
+operation, and faults (a paused, killed or restarted server).
+
+Servers come from the harness in ``tests/servers.py`` via ``conftest.py``; the
+three-member cluster tests are in ``test_etcd_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from servers import EtcdServer, etcd_http, free_port, missing_server, servers_required
+
+import leasekit
+
+try:
+    import aetcd
+except ImportError:  # pragma: no cover (depends on the environment)
+    if servers_required():
+        pytest.fail(
+            "the etcd tests need the etcd extra: pip install -e '.[etcd]' "
+            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
+            pytrace=False,
+        )
+    pytest.skip(
+        "the etcd extra is not installed: pip install -e '.[etcd]'", allow_module_level=True
+    )
+
+from leasekit_contract import LeaseProviderContract
+from leasekit_etcd import EtcdLeaseProvider, LeaseRecord
+
+pytestmark = pytest.mark.anyio
+
+# Leases the tests must not see expire.
+LONG_MS = 60_000
+
+
+# -- the conformance suite ---------------------------------------------------------------
+
+
+class TestEtcdContract(LeaseProviderContract):
+    """The whole suite against the session's etcd (or $LEASEKIT_TEST_ETCD_URL)."""
+
+    @pytest.fixture
+    async def provider(self, etcd_url: str, etcd_prefix: str) -> AsyncIterator[Any]:
+        async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix) as provider:
+            yield provider
+
+    @pytest.fixture
+    def provider_factory(self, etcd_url: str, etcd_prefix: str) -> Any:
+        return functools.partial(leasekit.connect, etcd_url, prefix=etcd_prefix)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def provider(etcd_url: str, etcd_prefix: str) -> AsyncIterator[EtcdLeaseProvider]:
+    async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix) as p:
+        yield p
+
+
+def grpc_calls(server: EtcdServer) -> dict[str, int]:
+    """RPCs started on the server so far, by method (``{"Txn": 3, ...}``), from /metrics."""
+    url = f"http://{server.host}:{server.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    calls: dict[str, int] = {}
+    for match in re.finditer(
+        r'^grpc_server_started_total\{grpc_method="(\w+)".*\} (\d+)', text, re.MULTILINE
+    ):
+        calls[match.group(1)] = calls.get(match.group(1), 0) + int(match.group(2))
+    return calls
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    changed = {name: n - before.get(name, 0) for name, n in after.items()}
+    return {name: n for name, n in changed.items() if n}
+
+
+async def exercise_every_operation(p: EtcdLeaseProvider, key: str) -> None:
+    """Every kind of operation, granted and refused, asserting the answers."""
+    granted = await p.acquire_lease(key, "a", LONG_MS)
+    assert granted.acquired
+    assert granted.token is not None
+    assert await p.acquire_lease(key, "a", LONG_MS) == granted
+    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
+    assert await p.get_lease_owner(key) == "a"
+    assert await p.renew_lease(key, "a", LONG_MS)
+    assert await p.renew_lease(key, "a", LONG_MS + 5000)  # a new TTL: a new etcd lease
+    assert not await p.renew_lease(key, "b", LONG_MS)
+    assert await p.transfer_lease(key, "a", "b", LONG_MS)
+    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
+    moved = await p.acquire_lease(key, "b", LONG_MS)
+    assert moved.token is not None
+    assert moved.token > granted.token
+    await p.release_lease(key, "a")
+    assert await p.get_lease_owner(key) == "b"
+    await p.release_lease(key, "b")
+    assert await p.get_lease_owner(key) is None
+
+
+# -- registry, URLs and options --------------------------------------------------------------
+
+
+def test_entry_points_declare_both_schemes_with_the_etcd_extra() -> None:
+    infos = {info.scheme: info for info in leasekit.available_backends()}
+    for scheme in ("etcd", "etcds"):
+        assert infos[scheme].target == "leasekit_etcd:EtcdLeaseProvider"
+        assert infos[scheme].extras == ("etcd",)
+
+
+def test_capabilities_are_what_etcd_gives() -> None:
+    caps = EtcdLeaseProvider.capabilities
+    assert caps.atomic_transfer
+    assert caps.fencing
+    assert caps.server_clock
+    assert caps.shared_across_hosts
+    assert caps.persistent
+    assert (caps.ttl_resolution_ms, caps.min_ttl_ms) == (1000, 2000)
+    assert caps.effective_ttl_ms(1) == 2000
+    assert caps.effective_ttl_ms(2001) == 3000
+
+
+async def test_connect_builds_a_provider_without_io() -> None:
+    # Port 1 answers nothing; building must not try.
+    provider = leasekit.connect("etcd://127.0.0.1:1", require=("fencing", "atomic_transfer"))
+    assert isinstance(provider, EtcdLeaseProvider)
+    assert provider.prefix == "leasekit/"
+    assert provider.timeout_s == 5.0
+    assert provider.endpoints == ("127.0.0.1:1",)
+    await provider.aclose()
+
+
+async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
+    provider = leasekit.connect(
+        "etcd://10.0.0.1:2379,10.0.0.2,[::1]:2380,etcd-3.internal:23790/"
+        "?prefix=app%2Fleases%2F&timeout_s=0.25&connect_timeout_s=0.5",
+        timeout_s=1.5,
+    )
+    assert isinstance(provider, EtcdLeaseProvider)
+    assert provider.prefix == "app/leases/"
+    assert provider.timeout_s == 1.5
+    assert provider.connect_timeout_s == 0.5
+    assert provider.endpoints == (
+        "10.0.0.1:2379",
+        "10.0.0.2:2379",
+        "[::1]:2380",
+        "etcd-3.internal:23790",
+    )
+    await provider.aclose()
+
+
+async def test_etcds_reads_its_pem_files_and_refuses_them_without_tls(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\n")
+    provider = leasekit.connect(f"etcds://127.0.0.1:1?ca_file={ca}")
+    assert isinstance(provider, EtcdLeaseProvider)
+    await provider.aclose()
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(f"etcd://127.0.0.1:1?ca_file={ca}")
+    assert info.value.argument == "ca_file"
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect("etcds://127.0.0.1:1", ca_file=str(tmp_path / "missing.pem"))
+    assert info.value.argument == "ca_file"
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(f"etcds://127.0.0.1:1?cert_file={ca}")
+    assert info.value.argument == "cert"
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "argument"),
+    [
+        ("etcd://h?colour=blue", {}, "url"),
+        ("etcd://h/some/path", {}, "url"),
+        ("etcd://h#frag", {}, "url"),
+        ("etcd://", {}, "endpoints"),
+        ("etcd://h:notaport", {}, "endpoints"),
+        ("etcd://h:70000", {}, "endpoints"),
+        ("etcd://h1,,h2", {}, "endpoints"),
+        ("etcd://[::1", {}, "url"),
+        ("etcd://h", {"colour": "blue"}, "options"),
+        ("etcd://h?timeout_s=soon", {}, "timeout_s"),
+        ("etcd://h?timeout_s=0", {}, "timeout_s"),
+        ("etcd://h", {"timeout_s": True}, "timeout_s"),
+        ("etcd://h", {"connect_timeout_s": -1}, "connect_timeout_s"),
+        ("etcd://h?prefix=", {}, "prefix"),
+        ("etcd://h", {"prefix": b"app/"}, "prefix"),
+        ("etcd://h", {"prefix": "x" * 257}, "prefix"),
+        ("etcd://:pw@h", {}, "username"),
+        ("etcd://h", {"username": "root"}, "password"),
+    ],
+)
+def test_bad_urls_and_options_name_the_problem(
+    url: str, options: dict[str, Any], argument: str
+) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(url, **options)
+    assert info.value.argument == argument
+
+
+def test_from_url_refuses_other_schemes() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"etcd://"):
+        EtcdLeaseProvider.from_url("http://127.0.0.1:2379")
+
+
+def test_errors_never_show_the_password() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect("etcd://root:s3cret@h:2379?colour=blue")
+    assert "s3cret" not in str(info.value)
+    assert "root:***@h:2379" in str(info.value)
+
+
+def test_a_client_and_endpoints_together_are_refused() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="either"):
+        EtcdLeaseProvider()
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"aetcd\.Client"):
+        EtcdLeaseProvider(object())
+
+
+async def test_an_unreachable_server_is_a_backend_error_within_the_timeout() -> None:
+    provider = EtcdLeaseProvider.from_url(f"etcd://127.0.0.1:{free_port()}", timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendError) as info:
+        async with provider:
+            pass
+    assert time.monotonic() - started < 1 + 10
+    assert info.value.backend == "etcd"
+    assert "Connection refused" in str(info.value) or "connect" in str(info.value)
+    with pytest.raises(leasekit.LeaseBackendError) as info:
+        await provider.acquire_lease("k", "a", LONG_MS)
+    assert info.value.key == "k"
+    await provider.aclose()
+
+
+# -- clients and closing -------------------------------------------------------------------
+
+
+async def test_a_callers_aetcd_client_is_used_and_never_closed(
+    etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    client = aetcd.Client(host=etcd_server.host, port=etcd_server.port)
+    async with EtcdLeaseProvider(client, prefix=etcd_prefix) as provider:
+        assert provider.endpoints == (f"{etcd_server.host}:{etcd_server.port}",)
+        await exercise_every_operation(provider, "k")
+    with pytest.raises(leasekit.LeaseProviderClosed):
+        await provider.get_lease_owner("k")
+    await client.put(etcd_prefix.encode() + b"still-open", b"yes")  # still usable
+    assert (await client.get(etcd_prefix.encode() + b"still-open")).value == b"yes"
+    await client.close()
+
+
+async def test_closing_closes_its_channels_and_later_calls_raise(
+    etcd_url: str, etcd_prefix: str
+) -> None:
+    provider = EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix)
+    async with provider:
+        await exercise_every_operation(provider, "k")
+    for call in (
+        provider.get_lease_owner("k"),
+        provider.acquire_lease("k", "a", LONG_MS),
+        provider.inspect(),
+    ):
+        with pytest.raises(leasekit.LeaseProviderClosed):
+            await call
+    await provider.aclose()  # idempotent
+    assert "closed" in repr(provider)
+
+
+async def test_the_sync_facade_drives_the_backend(etcd_url: str, etcd_prefix: str) -> None:
+    def blocking() -> None:
+        with leasekit.sync.connect(etcd_url, prefix=etcd_prefix) as leases:
+            assert leases.acquire_lease("k", "a", LONG_MS).acquired
+            assert leases.get_lease_owner("k") == "a"
+            leases.release_lease("k", "a")
+
+    await anyio.to_thread.run_sync(blocking)
+
+
+# -- names: binary-safe, one record per lease, listed ----------------------------------------
+
+AWKWARD_KEYS = [
+    "plain",
+    "resource\0thread",
+    "\0",
+    "\x01",
+    "\x01\x01",
+    "\0\x01\x02",
+    "a\x01",
+    "a/b",
+    "a",
+    "ab",
+    "space and\ttab\nnewline",
+    "emoji 🎉 and 中文",
+    "\U0010ffff",
+    "x" * 1024,
+]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS, ids=range(len(AWKWARD_KEYS)))
+async def test_awkward_keys_and_owners_round_trip_as_one_record(
+    provider: EtcdLeaseProvider, key: str
+) -> None:
+    owner = f"own{key[:50]}\0\x01🎉"
+    await exercise_every_operation(provider, key)
+    result = await provider.acquire_lease(key, owner, LONG_MS)
+    assert result.acquired
+    assert await provider.get_lease_owner(key) == owner
+    [record] = await provider.inspect(key)
+    assert (record.key, record.owner, record.token) == (key, owner, result.token)
+    # One etcd key per lease, its value the owner, its create revision the token.
+    client = aetcd.Client(*_address(provider))
+    found = await client.get_prefix(provider.prefix.encode())
+    [(value, meta)] = [(kv.value, kv) for kv in found]
+    assert value == owner.encode()
+    assert meta.create_revision == result.token
+    assert meta.lease != 0
+    await client.close()
+
+
+async def test_awkward_keys_stay_distinct_and_list_in_key_order(
+    provider: EtcdLeaseProvider,
+) -> None:
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert (await provider.acquire_lease(key, f"o{i}", LONG_MS)).acquired
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert await provider.get_lease_owner(key) == f"o{i}"
+    records = await provider.inspect()
+    assert [(r.key, r.owner) for r in records] == sorted(
+        ((key, f"o{i}") for i, key in enumerate(AWKWARD_KEYS)),
+        key=lambda pair: pair[0].encode(),
+    )
+
+
+async def test_inspect_filters_by_prefix_orders_and_limits(provider: EtcdLeaseProvider) -> None:
+    for i in range(5):
+        await provider.acquire_lease(f"job/{i}", f"w{i}", LONG_MS)
+    await provider.acquire_lease("job\0/x", "nul", LONG_MS)
+    await provider.acquire_lease("other", "o", LONG_MS)
+    await provider.acquire_lease("job/gone", "g", LONG_MS)
+    await provider.release_lease("job/gone", "g")
+    records = await provider.inspect("job/")
+    assert [(r.key, r.owner) for r in records] == [(f"job/{i}", f"w{i}") for i in range(5)]
+    assert all(isinstance(r, LeaseRecord) and 0 < r.remaining_ms <= LONG_MS for r in records)
+    for r in records:
+        assert r.token == (await provider.acquire_lease(r.key, r.owner, LONG_MS)).token
+    assert [r.key for r in await provider.inspect("job\0")] == ["job\0/x"]
+    assert [r.key for r in await provider.inspect(limit=2)] == ["job\0/x", "job/0"]
+    assert len(await provider.inspect()) == 7
+    for bad in ("", 5):
+        with pytest.raises(leasekit.InvalidLeaseArgument):
+            await provider.inspect(bad)  # type: ignore[arg-type]
+    with pytest.raises(leasekit.InvalidLeaseArgument):
+        await provider.inspect(limit=0)
+
+
+async def test_other_providers_prefixes_are_invisible(etcd_url: str, etcd_prefix: str) -> None:
+    async with (
+        EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix + "a/") as a,
+        EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix + "b/") as b,
+    ):
+        assert (await a.acquire_lease("k", "x", LONG_MS)).acquired
+        assert (await b.acquire_lease("k", "y", LONG_MS)).acquired
+        assert [r.owner for r in await a.inspect()] == ["x"]
+        assert [r.owner for r in await b.inspect()] == ["y"]
+
+
+async def test_foreign_data_under_the_prefix_is_a_backend_error(
+    provider: EtcdLeaseProvider,
+) -> None:
+    client = aetcd.Client(*_address(provider))
+    await client.put(provider.prefix.encode() + b"garbled\0someone", b"not the owner")
+    with pytest.raises(leasekit.LeaseBackendError, match="unexpected data") as info:
+        await provider.get_lease_owner("garbled")
+    assert info.value.key == "garbled"
+    with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
+        await provider.acquire_lease("garbled", "a", LONG_MS)
+    assert await provider.inspect() == []
+    await client.delete_prefix(provider.prefix.encode())
+    await client.close()
+
+
+def _address(provider: EtcdLeaseProvider) -> tuple[str, int]:
+    host, _, port = provider.endpoints[0].rpartition(":")
+    return host, int(port)
+
+
+# -- round trips and etcd leases -------------------------------------------------------------
+
+# What each operation costs, in RPCs by method (docs/backends/etcd.md states the same).
+ROUND_TRIPS: list[tuple[str, dict[str, int]]] = [
+    ("acquire free", {"LeaseGrant": 1, "Txn": 1}),
+    ("acquire denied, first time", {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}),
+    ("acquire denied again", {"Range": 1}),
+    ("re-acquire, same TTL", {"Range": 1, "LeaseKeepAlive": 1}),
+    ("re-acquire, new TTL", {"Range": 1, "LeaseKeepAlive": 1, "LeaseGrant": 1, "Txn": 1,
+                             "LeaseRevoke": 1}),
+    ("get_lease_owner", {"Range": 1}),
+    ("renew, same TTL", {"Range": 1, "LeaseKeepAlive": 1}),
+    ("renew, new TTL", {"Range": 1, "LeaseKeepAlive": 1, "LeaseGrant": 1, "Txn": 1,
+                        "LeaseRevoke": 1}),
+    ("renew refused", {"Range": 1}),
+    ("transfer", {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}),
+    ("transfer refused", {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}),
+    ("release refused", {"Txn": 1}),
+    ("release", {"Txn": 1, "LeaseRevoke": 1}),
+    ("acquire once held, now free", {"Range": 1, "LeaseGrant": 1, "Txn": 1}),
+]  # fmt: skip
+
+
+async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_prefix: str) -> None:
+    url = private_etcd_server.url
+    async with (
+        EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as p,
+        EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as other,
+    ):
+        await exercise_every_operation(p, "warm-up")
+        await exercise_every_operation(other, "warm-up")
+        steps = {
+            "acquire free": lambda: p.acquire_lease("k", "a", 10_000),
+            "acquire denied, first time": lambda: other.acquire_lease("k", "b", 10_000),
+            "acquire denied again": lambda: other.acquire_lease("k", "b", 10_000),
+            "re-acquire, same TTL": lambda: p.acquire_lease("k", "a", 10_000),
+            "re-acquire, new TTL": lambda: p.acquire_lease("k", "a", 20_000),
+            "get_lease_owner": lambda: p.get_lease_owner("k"),
+            "renew, same TTL": lambda: p.renew_lease("k", "a", 20_000),
+            "renew, new TTL": lambda: p.renew_lease("k", "a", 10_000),
+            "renew refused": lambda: p.renew_lease("k", "b", 10_000),
+            "transfer": lambda: p.transfer_lease("k", "a", "b", 10_000),
+            "transfer refused": lambda: p.transfer_lease("k", "a", "c", 10_000),
+            "release refused": lambda: p.release_lease("k", "a"),
+            "release": lambda: p.release_lease("k", "b"),
+            "acquire once held, now free": lambda: other.acquire_lease("k", "b", 10_000),
+        }
+        measured = []
+        for name, _ in ROUND_TRIPS:
+            before = grpc_calls(private_etcd_server)
+            await steps[name]()
+            measured.append((name, delta(grpc_calls(private_etcd_server), before)))
+    assert measured == ROUND_TRIPS
+
+
+async def test_no_etcd_lease_is_left_behind(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Many cycles of every operation, refused ones included, end with no etcd lease."""
+    async with EtcdLeaseProvider.from_url(private_etcd_server.url, prefix=etcd_prefix) as p:
+        assert await p.lease_ids() == []
+        for i in range(25):
+            await exercise_every_operation(p, f"k{i % 5}")
+            assert (await p.acquire_lease("held", "h", 10_000 + 1000 * (i % 3))).acquired
+            assert not (await p.acquire_lease("held", f"x{i}", 10_000)).acquired
+            assert not await p.transfer_lease("held", f"x{i}", "y", 10_000)
+            assert await p.renew_lease("held", "h", 5_000 + 1000 * (i % 4))
+        assert len(await p.lease_ids()) == 1  # "held", on exactly one etcd lease
+        await p.release_lease("held", "h")
+        assert await p.lease_ids() == []
+        # Racing acquirers: each loser revokes the etcd lease it granted.
+        for round_ in range(10):
+            results = await asyncio.gather(
+                *(p.acquire_lease(f"race{round_}", f"r{i}", 10_000) for i in range(8))
+            )
+            [winner] = [r.owner for r in results if r.acquired]
+            assert winner is not None
+            await p.release_lease(f"race{round_}", winner)
+        assert await p.lease_ids() == []
+    assert private_etcd_server.lease_ids() == []
+
+
+# -- persistence, restarts, faults -------------------------------------------------------------
+
+
+async def test_a_restart_keeps_leases_and_tokens_keep_increasing(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    async with EtcdLeaseProvider.from_url(
+        private_etcd_server.url, prefix=etcd_prefix, timeout_s=10
+    ) as provider:
+        before = await provider.acquire_lease("k", "a", LONG_MS)
+        assert before.token is not None
+        private_etcd_server.restart()  # kill -9, same data dir, same port
+        # The channel reconnects on its own; etcd restored the lease with its TTL.
+        assert await provider.get_lease_owner("k") == "a"
+        assert not (await provider.acquire_lease("k", "b", LONG_MS)).acquired
+        assert await provider.acquire_lease("k", "a", LONG_MS) == before
+        await provider.release_lease("k", "a")
+        after = await provider.acquire_lease("k", "b", LONG_MS)
+        assert after.token is not None
+        assert after.token > before.token
+        await exercise_every_operation(provider, "after-restart")
+
+
+async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recovers(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    timeout_s = 1.0
+    async with EtcdLeaseProvider.from_url(
+        private_etcd_server.url, prefix=etcd_prefix, timeout_s=timeout_s
+    ) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        private_etcd_server.pause()
+        try:
+            for call in (
+                provider.acquire_lease("k", "a", LONG_MS),
+                provider.get_lease_owner("k"),
+                provider.transfer_lease("k", "a", "b", LONG_MS),
+                provider.release_lease("k", "b"),
+            ):
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendError) as info:
+                    await call
+                elapsed = time.monotonic() - started
+                assert elapsed < timeout_s + 10, elapsed
+                assert info.value.key == "k"
+                assert info.value.__cause__ is not None
+        finally:
+            private_etcd_server.resume()
+        # The transfer may or may not have run once the server woke; either is fine.
+        assert await provider.get_lease_owner("k") in ("a", "b")
+        await exercise_every_operation(provider, "after-pause")
+    # Whatever the failed operations granted was revoked (in the background) by aclose:
+    # the one etcd lease left is the holder's of "k".
+    assert len(private_etcd_server.lease_ids()) == 1
+
+
+async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    async with EtcdLeaseProvider.from_url(
+        private_etcd_server.url, prefix=etcd_prefix, timeout_s=1
+    ) as provider:
+        await exercise_every_operation(provider, "k")
+        private_etcd_server.kill()
+        started = time.monotonic()
+        with pytest.raises(leasekit.LeaseBackendError) as info:
+            await provider.acquire_lease("k", "a", LONG_MS)
+        assert time.monotonic() - started < 1 + 10
+        assert info.value.__cause__ is not None
+        assert "Connection refused" in str(info.value) or "connect" in str(info.value)
+        private_etcd_server.start()
+        await exercise_every_operation(provider, "k")
+
+
+# -- authentication and TLS --------------------------------------------------------------------
+
+
+async def test_user_and_password_authenticate(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    host, port = private_etcd_server.host, private_etcd_server.port
+    for path, body in [
+        ("/v3/auth/user/add", {"name": "root", "password": "pw"}),
+        ("/v3/auth/role/add", {"name": "root"}),
+        ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+        ("/v3/auth/enable", {}),
+    ]:
+        etcd_http(host, port, path, body)
+    url = f"etcd://root:pw@{host}:{port}"
+    async with EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as provider:
+        await exercise_every_operation(provider, "k")
+    for bad in (f"etcd://root:wrong@{host}:{port}", f"etcd://{host}:{port}"):
+        provider = EtcdLeaseProvider.from_url(bad, prefix=etcd_prefix, timeout_s=2)
+        with pytest.raises(leasekit.LeaseBackendError) as info:
+            await provider.acquire_lease("k", "a", LONG_MS)
+        assert "pw" not in str(info.value)
+        await provider.aclose()
+
+
+def _make_certificates(directory: Path) -> dict[str, Path]:
+    """A CA and a server certificate for 127.0.0.1, made with the openssl command line."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed (apt-get install openssl)")
+    paths = {name: directory / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key")}
+    ext = directory / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=leasekit-ca",
+        "-keyout", str(paths["ca-key"]), "-out", str(paths["ca"]))  # fmt: skip
+    csr = directory / "server.csr"
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", str(paths["server-key"]), "-out", str(csr))  # fmt: skip
+    run("x509", "-req", "-in", str(csr), "-CA", str(paths["ca"]),
+        "-CAkey", str(paths["ca-key"]), "-CAcreateserial", "-days", "1",
+        "-extfile", str(ext), "-out", str(paths["server"]))  # fmt: skip
+    return paths
+
+
+async def test_etcds_speaks_tls_with_a_private_ca(tmp_path: Path, etcd_prefix: str) -> None:
+    binary = EtcdServer.find()
+    if binary is None:
+        missing_server("etcd is not installed", EtcdServer.install_hint)
+    certs = _make_certificates(tmp_path)
+
+    class TlsEtcd(EtcdServer):
+        @property
+        def client_url(self) -> str:
+            return f"https://{self.host}:{self.port}"
+
+        def probe(self) -> bool:
+            return "serving client traffic" in self.log_tail(200)
+
+    extra = ["--cert-file", str(certs["server"]), "--key-file", str(certs["server-key"])]
+    with TlsEtcd(binary, tmp_path / "etcd", extra_args=extra) as server:
+        url = f"etcds://{server.host}:{server.port}?ca_file={certs['ca']}"
+        async with EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as provider:
+            await exercise_every_operation(provider, "k")
+        # Without the private CA the server's certificate is not trusted.
+        provider = EtcdLeaseProvider.from_url(
+            f"etcds://{server.host}:{server.port}", prefix=etcd_prefix, timeout_s=1
+        )
+        with pytest.raises(leasekit.LeaseBackendError):
+            await provider.get_lease_owner("k")
+        await provider.aclose()
