@@ -1,0 +1,256 @@
+"""Every SQL statement the PostgreSQL backend runs, each in one place with why it is atomic.
+
+The schema (for the default table ``leasekit_leases``)::
+
+    leasekit_leases            key bytea PRIMARY KEY, owner bytea, token bigint,
+                               expires_at timestamptz (index leasekit_leases_expires_at)
+    leasekit_leases_token_seq  the sequence every fencing token is drawn from
+    leasekit_leases_meta       name text PRIMARY KEY, value bigint: 'schema_version'
+
+Keys and owners are UTF-8 ``bytea``: ``text`` cannot hold NUL, and bytes compare and
+sort by code point, with no collation involved. Time is the server's: every statement
+reads ``clock_timestamp()`` (the time as it runs, not the transaction's start, which
+``now()`` would give) and nothing is ever compared with a client's clock.
+
+Each lease operation is one statement in autocommit mode, so one round trip and one
+transaction. A row's ownership check and its change happen in that one statement
+under the row lock PostgreSQL takes for ``UPDATE``/``DELETE``/``ON CONFLICT DO
+UPDATE``: when two statements race for a row, the second waits for the first to
+commit and then re-evaluates its ``WHERE`` against the row as the first left it
+(READ COMMITTED's re-check), so no decision is ever made on a stale row.
+
+**Fencing tokens** come from one sequence per table (``nextval`` is never rolled back
+and never repeats a value, including across restarts; its ``CACHE`` must stay 1, the
+default, or sessions would hand out values out of order). A token drawn while the
+statement holds the key's row lock (a takeover by ``ON CONFLICT DO UPDATE``, a
+transfer) is greater than every token issued before, for any key. The one token
+drawn early is the one in ``INSERT ... VALUES``, evaluated before the statement looks
+for a conflicting row; it is used only if no row for the key exists when the insert
+lands. So rows are never deleted while they may matter: a release keeps the row as an
+expired **tombstone** with its token, and the sweep deletes only rows expired for more
+than a grace period (``sweep_grace_s``, ten minutes by default, always longer than the
+statement timeout). An insert that finds no row therefore cannot follow a newer grant
+of its key unless the statement ran for longer than the grace period, which the
+statement timeout rules out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+SCHEMA_VERSION = 1
+"""The layout this code reads and writes, recorded in the meta table."""
+
+DEFAULT_TABLE = "leasekit_leases"
+
+
+@dataclass(frozen=True, slots=True)
+class TableName:
+    """A validated table name, optionally schema-qualified, and the names derived from it."""
+
+    schema: str | None
+    name: str
+
+    def _qualified(self, name: str) -> sql.Identifier:
+        return sql.Identifier(name) if self.schema is None else sql.Identifier(self.schema, name)
+
+    @property
+    def table(self) -> sql.Identifier:
+        return self._qualified(self.name)
+
+    @property
+    def meta(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_meta")
+
+    @property
+    def sequence(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_token_seq")
+
+    @property
+    def sequence_regclass(self) -> sql.Literal:
+        # nextval() takes the sequence's name as a string: the quoted identifier, as a literal.
+        return sql.Literal(self.sequence.as_string())
+
+    @property
+    def expiry_index(self) -> sql.Identifier:
+        # CREATE INDEX names the index without a schema: it lives beside its table.
+        return sql.Identifier(f"{self.name}_expires_at")
+
+    def __str__(self) -> str:
+        return self.name if self.schema is None else f"{self.schema}.{self.name}"
+
+
+_EXPIRES_IN = "clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'"
+
+
+class Statements:
+    """The statements for one table, composed once with its quoted identifiers.
+
+    Parameters are always bound (``%(name)s``); only the validated, quoted table
+    identifiers are part of the SQL text.
+    """
+
+    def __init__(self, table: TableName) -> None:
+        names = {
+            "table": table.table,
+            "meta": table.meta,
+            "seq": table.sequence,
+            "seq_regclass": table.sequence_regclass,
+            "expiry_index": table.expiry_index,
+            "expires_in": sql.SQL(_EXPIRES_IN),
+        }
+
+        def compose(text: str) -> sql.Composed:
+            return sql.SQL(text).format(**{k: v for k, v in names.items() if f"{{{k}}}" in text})
+
+        # Idempotent; several processes may run it at once (a concurrent creation fails
+        # with a unique violation and is simply run again). No parameters, so psycopg
+        # sends it as one simple query: one round trip, and PostgreSQL runs the
+        # statements of one simple query as a single transaction, all or nothing.
+        self.migrate = compose(
+            f"""
+            CREATE TABLE IF NOT EXISTS {{table}} (
+                key bytea PRIMARY KEY,
+                owner bytea NOT NULL,
+                token bigint NOT NULL,
+                expires_at timestamptz NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS {{expiry_index}} ON {{table}} (expires_at);
+            CREATE SEQUENCE IF NOT EXISTS {{seq}} AS bigint;
+            CREATE TABLE IF NOT EXISTS {{meta}} (
+                name text PRIMARY KEY,
+                value bigint NOT NULL
+            );
+            INSERT INTO {{meta}} AS m (name, value) VALUES ('schema_version', {SCHEMA_VERSION})
+                ON CONFLICT (name) DO UPDATE SET value = GREATEST(m.value, excluded.value)
+            """
+        )
+
+        # No parameters. Raises UndefinedTable before the first migration.
+        self.schema_version = compose("SELECT value FROM {meta} WHERE name = 'schema_version'")
+
+        # %(key)s, %(owner)s, %(ttl_ms)s -> one row (token, holder).
+        #
+        # `granted` inserts a free key, takes over an expired row (a new token, drawn
+        # under the row lock) or refreshes the caller's own live lease (same token).
+        # ON CONFLICT DO UPDATE locks the existing row before testing its WHERE, and
+        # keeps the lock when the WHERE fails, so a denied acquire leaves the row
+        # locked by this statement: its holder cannot change until we commit.
+        #
+        # `holder` runs only when nothing was granted, and reads the holder in the same
+        # statement. A plain SELECT would see the statement's snapshot, which can be
+        # older than the row that denied us (we may have waited for its writer);
+        # FOR SHARE makes READ COMMITTED follow the row's update chain to its newest
+        # version (the one we hold locked) and re-check the WHERE on it, so the holder
+        # returned is the one that denied us. Only a row created after the snapshot
+        # (the key had no row when the statement began) is invisible to it: then
+        # `holder` is NULL and the caller reads the owner once more (OWNER), which is
+        # the uncommon case of two acquirers racing for a brand-new key.
+        self.acquire = compose(
+            """
+            WITH granted AS (
+                INSERT INTO {table} AS lease (key, owner, token, expires_at)
+                VALUES (%(key)s, %(owner)s, nextval({seq_regclass}), {expires_in})
+                ON CONFLICT (key) DO UPDATE SET
+                    token = CASE
+                        WHEN lease.owner = excluded.owner
+                            AND lease.expires_at > clock_timestamp() THEN lease.token
+                        ELSE nextval({seq_regclass})
+                    END,
+                    owner = excluded.owner,
+                    expires_at = {expires_in}
+                WHERE lease.owner = excluded.owner OR lease.expires_at <= clock_timestamp()
+                RETURNING lease.token
+            ),
+            holder AS (
+                SELECT owner FROM {table}
+                WHERE key = %(key)s
+                    AND expires_at > clock_timestamp()
+                    AND NOT EXISTS (SELECT FROM granted)
+                FOR SHARE
+            )
+            SELECT (SELECT token FROM granted), (SELECT owner FROM holder)
+            """
+        )
+
+        # %(key)s -> the live holder, or no row.
+        self.owner = compose(
+            "SELECT owner FROM {table} WHERE key = %(key)s AND expires_at > clock_timestamp()"
+        )
+
+        # %(key)s, %(owner)s, %(ttl_ms)s -> rowcount 1 if renewed. Only the live
+        # holder's row matches; the token is kept.
+        self.renew = compose(
+            """
+            UPDATE {table} SET expires_at = {expires_in}
+            WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+            """
+        )
+
+        # %(key)s, %(owner)s. The holder's row expires at once and stays as a tombstone
+        # that keeps its token (see the module docstring); anyone else's call matches
+        # nothing.
+        self.release = compose(
+            """
+            UPDATE {table} SET expires_at = clock_timestamp()
+            WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+            """
+        )
+
+        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s -> rowcount 1 if moved. One
+        # UPDATE rewrites owner, token and expiry together: the key is never free in
+        # between. A transfer to oneself is a renew and keeps the token.
+        self.transfer = compose(
+            """
+            UPDATE {table} SET
+                token = CASE WHEN owner = %(to_owner)s THEN token
+                             ELSE nextval({seq_regclass}) END,
+                owner = %(to_owner)s,
+                expires_at = {expires_in}
+            WHERE key = %(key)s AND owner = %(from_owner)s AND expires_at > clock_timestamp()
+            """
+        )
+
+        # %(grace_s)s, %(batch)s -> rowcount deleted. Up to `batch` rows that expired
+        # more than `grace_s` ago, oldest first. The cutoff uses statement_timestamp(),
+        # which is stable within the statement, so the expiry index serves it as a range
+        # (clock_timestamp() is volatile and would turn it into a filter over the whole
+        # index). FOR UPDATE SKIP LOCKED: a row some statement is working on is left for a
+        # later sweep, and concurrent sweeps (one per process) never wait for each other.
+        # The rows are then deleted by their physical address (a TID scan, no index
+        # probes), which cannot change while we hold their locks; the outer WHERE repeats
+        # the expiry test.
+        self.sweep = compose(
+            """
+            DELETE FROM {table}
+            WHERE ctid = ANY (ARRAY(
+                SELECT ctid FROM {table}
+                WHERE expires_at < statement_timestamp() - %(grace_s)s * interval '1 second'
+                ORDER BY expires_at
+                LIMIT %(batch)s
+                FOR UPDATE SKIP LOCKED
+            ))
+            AND expires_at < statement_timestamp() - %(grace_s)s * interval '1 second'
+            """
+        )
+
+        # %(limit)s [, %(low)s, %(high)s] -> (key, owner, token, remaining_ms) of live
+        # leases in key order. A key prefix is the byte range [low, high), which the
+        # primary key's index serves.
+        inspect = """
+            SELECT key, owner, token,
+                ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+            FROM {table}
+            WHERE expires_at > clock_timestamp() {range}
+            ORDER BY key
+            LIMIT %(limit)s
+            """
+        self.inspect_all = compose(inspect.replace("{range}", ""))
+        self.inspect_prefix = compose(
+            inspect.replace("{range}", "AND key >= %(low)s AND key < %(high)s")
+        )
+
+        # No parameters. Rows live and expired: what the sweep keeps bounded.
+        self.count_rows = compose("SELECT count(*) FROM {table}")

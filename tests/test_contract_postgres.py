@@ -1,0 +1,76 @@
+"""The conformance suite, unchanged, against PostgreSQL: a fresh table per test.
+
+Twice: on the provider's own pool (as ``leasekit.connect`` builds it), and on a caller's
+single connection that every task of the test shares.
+
+The server is this run's own (``tests/servers.py``) or ``$LEASEKIT_TEST_POSTGRES_URL``;
+tables live in a schema of the run's own, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from servers import servers_required
+
+import leasekit
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover (depends on the environment)
+    if servers_required():
+        pytest.fail(
+            "the PostgreSQL tests need the postgres extra: pip install -e '.[postgres]' "
+            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
+            pytrace=False,
+        )
+    pytest.skip(
+        "the postgres extra is not installed: pip install -e '.[postgres]'",
+        allow_module_level=True,
+    )
+
+from leasekit_contract import LeaseProviderContract
+from leasekit_postgres import PostgresLeaseProvider
+
+
+class TestPostgresContract(LeaseProviderContract):
+    """The whole suite, multi-process checks included, one table per test."""
+
+    @pytest.fixture
+    async def provider(
+        self, postgres_url: str, postgres_table: str
+    ) -> AsyncIterator[leasekit.ManagedLeaseProvider]:
+        async with leasekit.connect(postgres_url, table=postgres_table) as provider:
+            yield provider
+
+    @pytest.fixture
+    def provider_factory(
+        self, postgres_url: str, postgres_table: str
+    ) -> Callable[[], leasekit.ManagedLeaseProvider]:
+        return functools.partial(leasekit.connect, postgres_url, table=postgres_table)
+
+
+class TestPostgresContractOnOneConnection(LeaseProviderContract):
+    """The suite on a caller's single autocommit connection, shared by every task."""
+
+    # These race fresh providers (from the factory, on their own pools) in spawned
+    # processes; they already run in TestPostgresContract.
+    test_racing_processes_get_exactly_one_winner_per_round = None
+    test_churning_processes_never_overlap_as_holders = None
+
+    @pytest.fixture
+    async def provider(
+        self, postgres_url: str, postgres_table: str
+    ) -> AsyncIterator[PostgresLeaseProvider]:
+        conn = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+        async with PostgresLeaseProvider(conn, table=postgres_table) as provider:
+            yield provider
+        await conn.close()
+
+    @pytest.fixture
+    def provider_factory(
+        self, postgres_url: str, postgres_table: str
+    ) -> Callable[[], leasekit.ManagedLeaseProvider]:
+        return functools.partial(leasekit.connect, postgres_url, table=postgres_table)

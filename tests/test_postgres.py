@@ -1,0 +1,969 @@
+"""The PostgreSQL backend beyond the conformance suite (``test_contract_postgres.py``).
+
+URLs and options, the schema and ``leasekit migrate``, binary-safe keys, one statement
+(one round trip, no prepared statement) per operation traced at the protocol level,
+denied acquires under concurrency, fencing across sweeps and restarts, callers' pools
+and connections, and faults: terminated backends, a row lock held past the timeout, a
+paused, killed and restarted server. Plus a tiny run of ``benchmarks/postgres_scale.py``.
+
+Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from servers import PostgresServer, free_port, servers_required
+
+import leasekit
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
+except ImportError:  # pragma: no cover (depends on the environment)
+    if servers_required():
+        pytest.fail(
+            "the PostgreSQL tests need the postgres extra: pip install -e '.[postgres]' "
+            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
+            pytrace=False,
+        )
+    pytest.skip(
+        "the postgres extra is not installed: pip install -e '.[postgres]'",
+        allow_module_level=True,
+    )
+
+from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG_MS = 60_000
+SLACK_S = 5.0  # how much later than its timeout a call may fail, on a loaded machine
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+async def eventually(predicate: Callable[[], bool], what: str) -> None:
+    """Wait until ``predicate()`` is true; fail after a limit only a hung test reaches."""
+    deadline = time.monotonic() + 10
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def identifier(table: str) -> sql.Identifier:
+    return sql.Identifier(*table.split("."))
+
+
+def admin(url: str) -> psycopg.Connection[Any]:
+    """A connection of the test's own, outside the code under test."""
+    return psycopg.connect(url, autocommit=True)
+
+
+def with_query(url: str, **params: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+@pytest.fixture
+async def provider(postgres_url: str, postgres_table: str) -> AsyncIterator[PostgresLeaseProvider]:
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as p:
+        yield p
+
+
+@pytest.fixture
+def app_name() -> str:
+    """An application_name that marks this test's connections in pg_stat_activity."""
+    return f"leasekit-test-{uuid.uuid4().hex[:8]}"
+
+
+def backends_of(url: str, app_name: str, *, waiting: bool = False) -> int:
+    condition = "AND wait_event_type = 'Lock'" if waiting else ""
+    with admin(url) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FROM pg_stat_activity WHERE application_name = %s {condition}",
+            (app_name,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+EXERCISE_OPERATIONS = 13
+
+
+async def exercise_every_operation(p: PostgresLeaseProvider, key: str) -> None:
+    """Every kind of operation, granted and refused, asserting the answers (13 calls)."""
+    granted = await p.acquire_lease(key, "a", LONG_MS)
+    assert granted.acquired
+    assert granted.token is not None
+    assert await p.acquire_lease(key, "a", LONG_MS) == granted
+    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
+    assert await p.get_lease_owner(key) == "a"
+    assert await p.renew_lease(key, "a", LONG_MS)
+    assert not await p.renew_lease(key, "b", LONG_MS)
+    assert await p.transfer_lease(key, "a", "b", LONG_MS)
+    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
+    moved = await p.acquire_lease(key, "b", LONG_MS)
+    assert moved.token is not None
+    assert moved.token > granted.token
+    await p.release_lease(key, "a")
+    assert await p.get_lease_owner(key) == "b"
+    await p.release_lease(key, "b")
+    assert await p.get_lease_owner(key) is None
+
+
+class ProtocolTrace:
+    """libpq's trace of the wire protocol on a one-connection pool: what really went out.
+
+    ``round_trips`` counts ReadyForQuery messages: the server sends exactly one per
+    simple query or per extended-protocol Sync, i.e. one per round trip.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._traces = 0
+        self._file: BinaryIO | None = None
+        self._conns: list[psycopg.AsyncConnection[Any]] = []
+
+    def _attach(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._file is None:
+            self._traces += 1
+            self._file = (self.directory / f"protocol-{self._traces}.trace").open("wb")
+        conn.pgconn.trace(self._file.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        self._conns.append(conn)
+
+    async def configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The pool's ``configure`` callback: trace every new connection."""
+        self._attach(conn)
+
+    async def restart(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Trace the pool's (one) connection into a fresh file."""
+        async with pool.connection() as conn:
+            self._attach(conn)
+
+    def messages(self) -> list[str]:
+        """Stop tracing and return the messages traced since the last (re)start."""
+        for conn in self._conns:
+            if not conn.closed:
+                conn.pgconn.untrace()  # flushes libpq's buffer
+        self._conns.clear()
+        if self._file is None:
+            return []
+        self._file.close()
+        path, self._file = Path(self._file.name), None
+        return path.read_text(errors="replace").splitlines()
+
+    @staticmethod
+    def round_trips(messages: list[str]) -> int:
+        return sum(line.startswith("B") and "\tReadyForQuery" in line for line in messages)
+
+
+@pytest.fixture
+async def traced_pool(
+    postgres_url: str, tmp_path: Path, app_name: str
+) -> AsyncIterator[tuple[AsyncConnectionPool[Any], ProtocolTrace]]:
+    """A caller's pool of one autocommit connection whose protocol is traced."""
+    trace = ProtocolTrace(tmp_path)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        with_query(postgres_url, application_name=app_name),
+        kwargs={"autocommit": True, "prepare_threshold": None},
+        min_size=1,
+        max_size=1,
+        configure=trace.configure,
+        open=False,
+    )
+    await pool.open(wait=True)
+    yield pool, trace
+    trace.messages()  # stops libpq writing to the file before it is closed
+    await pool.close()
+
+
+# -- registry, URLs and options -------------------------------------------------------------
+
+
+def test_entry_points_declare_both_schemes_with_the_postgres_extra() -> None:
+    infos = {info.scheme: info for info in leasekit.available_backends()}
+    for scheme in ("postgresql", "postgres"):
+        assert infos[scheme].target == "leasekit_postgres:PostgresLeaseProvider"
+        assert infos[scheme].extras == ("postgres",)
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+async def test_connect_builds_a_provider_without_io(scheme: str) -> None:
+    # Port 1 answers nothing; building must not try.
+    provider = leasekit.connect(f"{scheme}://u:pw@127.0.0.1:1/db", require=("fencing",))
+    assert isinstance(provider, PostgresLeaseProvider)
+    assert provider.table == "leasekit_leases"
+    assert provider.timeout_s == 5.0
+    assert (provider.sweep_every, provider.sweep_batch, provider.sweep_grace_s) == (100, 1000, 600)
+    pool = provider.client
+    assert isinstance(pool, AsyncConnectionPool)
+    assert pool.kwargs == {"autocommit": True, "prepare_threshold": None}
+    assert (pool.min_size, pool.max_size) == (1, 10)
+    params = psycopg.conninfo.conninfo_to_dict(pool.conninfo)
+    assert params["options"] == "-c statement_timeout=5000"
+    assert params["fallback_application_name"] == "leasekit"
+    assert params["dbname"] == "db"
+    assert "pw" not in repr(provider)
+    await provider.aclose()
+
+
+async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
+    provider = leasekit.connect(
+        "postgresql://h:5433/app?table=leases.jobs&timeout_s=0.25&sweep_every=0"
+        "&sslmode=disable&application_name=worker&options=-c%20search_path%3Dleases"
+        "&pool_max_size=3&prepare_threshold=5&create_schema=false",
+        timeout_s=1.5,
+        pool_min_size=2,
+    )
+    assert isinstance(provider, PostgresLeaseProvider)
+    assert provider.table == "leases.jobs"
+    assert provider.timeout_s == 1.5
+    assert provider.sweep_every == 0
+    assert provider.create_schema is False
+    pool = provider.client
+    assert isinstance(pool, AsyncConnectionPool)
+    assert (pool.min_size, pool.max_size) == (2, 3)
+    assert pool.kwargs["prepare_threshold"] == 5
+    params = psycopg.conninfo.conninfo_to_dict(pool.conninfo)
+    assert params["sslmode"] == "disable"
+    assert params["application_name"] == "worker"
+    assert params["options"] == "-c search_path=leases -c statement_timeout=1500"
+    await provider.aclose()
+    quiet = leasekit.connect("postgres://h/app?server_timeout=false")
+    assert isinstance(quiet, PostgresLeaseProvider)
+    assert isinstance(quiet.client, AsyncConnectionPool)
+    assert "options" not in psycopg.conninfo.conninfo_to_dict(quiet.client.conninfo)
+    await quiet.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "argument"),
+    [
+        ("postgresql://h/db?colour=blue", {}, "url"),  # libpq knows no such parameter
+        ("postgresql://h:notaport/db", {}, "url"),
+        ("postgresql://h/db", {"colour": "blue"}, "options"),
+        ("postgresql://h/db", {"autocommit": False}, "options"),
+        ("postgresql://h/db?timeout_s=soon", {}, "timeout_s"),
+        ("postgresql://h/db?timeout_s=0", {}, "timeout_s"),
+        ("postgresql://h/db", {"timeout_s": True}, "timeout_s"),
+        ("postgresql://h/db?table=a%3Bdrop", {}, "table"),
+        ("postgresql://h/db", {"table": "1leases"}, "table"),
+        ("postgresql://h/db", {"table": "a.b.c"}, "table"),
+        ("postgresql://h/db", {"table": 'x"y'}, "table"),
+        ("postgresql://h/db", {"table": ""}, "table"),
+        ("postgresql://h/db", {"table": "x" * 49}, "table"),
+        ("postgresql://h/db", {"table": b"leases"}, "table"),
+        ("postgresql://h/db?sweep_every=-1", {}, "sweep_every"),
+        ("postgresql://h/db", {"sweep_batch": 0}, "sweep_batch"),
+        ("postgresql://h/db?sweep_grace_s=5", {}, "sweep_grace_s"),  # not > timeout_s
+        ("postgresql://h/db", {"timeout_s": 30, "sweep_grace_s": 20}, "sweep_grace_s"),
+        ("postgresql://h/db?pool_max_size=0", {}, "pool_max_size"),
+        ("postgresql://h/db", {"pool_min_size": 5, "pool_max_size": 2}, "pool_max_size"),
+        ("postgresql://h/db?prepare_threshold=-1", {}, "prepare_threshold"),
+        ("postgresql://h/db?create_schema=maybe", {}, "create_schema"),
+        ("postgresql://h/db", {"server_timeout": "yes"}, "server_timeout"),
+    ],
+)
+def test_bad_urls_and_options_name_the_problem(
+    url: str, options: dict[str, Any], argument: str
+) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(url, **options)
+    assert info.value.argument == argument
+
+
+def test_from_url_refuses_other_schemes_and_never_shows_the_password() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"postgresql://"):
+        PostgresLeaseProvider.from_url("mysql://h/db")
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect("postgresql://user:s3cret@h/db?colour=blue")
+    assert "s3cret" not in str(info.value)
+    assert "user:***@h" in str(info.value)
+
+
+async def test_a_sync_or_non_autocommit_client_is_refused_with_a_hint(postgres_url: str) -> None:
+    with admin(postgres_url) as conn, pytest.raises(leasekit.InvalidLeaseArgument, match="asyncio"):
+        PostgresLeaseProvider(conn)
+    conn_async = await psycopg.AsyncConnection.connect(postgres_url)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="autocommit"):
+        PostgresLeaseProvider(conn_async)
+    await conn_async.close()
+
+
+async def test_an_unreachable_server_fails_at_async_with_within_the_timeout() -> None:
+    provider = PostgresLeaseProvider.from_url(
+        f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", timeout_s=1
+    )
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendError, match="no connection") as info:
+        async with provider:
+            pass
+    assert time.monotonic() - started < 1 + SLACK_S
+    assert info.value.backend == "postgresql"
+    await provider.aclose()
+
+
+# -- the schema and migrate -------------------------------------------------------------------
+
+
+def relation_kinds(url: str, table: str) -> dict[str, str]:
+    schema, name = table.split(".")
+    with admin(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname LIKE %s",
+            (schema, name + "%"),
+        ).fetchall()
+    return {relname.removeprefix(name): kind for relname, kind in rows}
+
+
+async def test_first_use_creates_table_sequence_index_and_meta(
+    provider: PostgresLeaseProvider, postgres_url: str, postgres_table: str
+) -> None:
+    assert relation_kinds(postgres_url, postgres_table) == {
+        "": "r",
+        "_pkey": "i",
+        "_expires_at": "i",
+        "_token_seq": "S",
+        "_meta": "r",
+        "_meta_pkey": "i",
+    }
+    schema, name = postgres_table.split(".")
+    with admin(postgres_url) as conn:
+        columns = conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+            (schema, name),
+        ).fetchall()
+        version = conn.execute(
+            sql.SQL("SELECT value FROM {} WHERE name = 'schema_version'").format(
+                identifier(postgres_table + "_meta")
+            )
+        ).fetchone()
+    assert columns == [
+        ("key", "bytea"),
+        ("owner", "bytea"),
+        ("token", "bigint"),
+        ("expires_at", "timestamp with time zone"),
+    ]
+    assert version == (1,)
+
+
+async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
+    postgres_url: str, postgres_table: str
+) -> None:
+    provider = PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, create_schema=False
+    )
+    with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
+        await provider.acquire_lease("k", "a", LONG_MS)
+    assert relation_kinds(postgres_url, postgres_table) == {}
+    assert await provider.migrate() == 1
+    assert await provider.migrate() == 1  # idempotent
+    await exercise_every_operation(provider, "k")
+    await provider.aclose()
+
+
+async def test_a_newer_schema_version_is_refused(
+    provider: PostgresLeaseProvider, postgres_url: str, postgres_table: str
+) -> None:
+    with admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {} SET value = 99 WHERE name = 'schema_version'").format(
+                identifier(postgres_table + "_meta")
+            )
+        )
+    newer = PostgresLeaseProvider.from_url(postgres_url, table=postgres_table)
+    with pytest.raises(leasekit.LeaseBackendError, match="newer"):
+        async with newer:
+            pass
+    await newer.aclose()
+
+
+async def test_many_providers_creating_one_table_at_once_all_succeed(
+    postgres_url: str, postgres_table: str
+) -> None:
+    providers = [
+        PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) for _ in range(8)
+    ]
+    results = await asyncio.gather(
+        *(p.acquire_lease("k", f"o{i}", LONG_MS) for i, p in enumerate(providers))
+    )
+    winners = [r for r in results if r.acquired]
+    assert len(winners) == 1
+    assert all(r.owner == winners[0].owner for r in results)
+    for p in providers:
+        await p.aclose()
+
+
+async def test_an_application_role_without_ddl_rights_works_after_migrate(
+    postgres_url: str, postgres_schema: str, postgres_table: str
+) -> None:
+    if os.environ.get("LEASEKIT_TEST_POSTGRES_URL"):
+        pytest.skip("needs the harness's own server (trust auth, a superuser)")
+    role = f"leasekit_app_{uuid.uuid4().hex[:8]}"
+    table, meta, seq = (identifier(postgres_table + s) for s in ("", "_meta", "_token_seq"))
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as owner:
+        await owner.migrate()
+    with admin(postgres_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(postgres_schema), sql.Identifier(role)
+        ))  # fmt: skip
+        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+            table, sql.Identifier(role)
+        ))  # fmt: skip
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(meta, sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON {} TO {}").format(seq, sql.Identifier(role)))
+    try:
+        parts = urlsplit(postgres_url)
+        app_url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        async with PostgresLeaseProvider.from_url(app_url, table=postgres_table) as app:
+            await exercise_every_operation(app, "k")
+            assert await app.sweep() == 0
+            with pytest.raises(leasekit.LeaseBackendError, match="InsufficientPrivilege"):
+                await app.migrate()
+    finally:
+        with admin(postgres_url) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leasekit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_leasekit_migrate_creates_the_schema_up_front(
+    postgres_url: str, postgres_table: str, tmp_path: Path
+) -> None:
+    url = with_query(postgres_url, table=postgres_table)
+    done = run_cli("migrate", url)
+    assert done.returncode == 0, done.stderr
+    assert "schema up to date" in done.stdout
+    assert set(relation_kinds(postgres_url, postgres_table)) >= {"", "_meta", "_token_seq"}
+    assert run_cli("migrate", url).returncode == 0  # idempotent
+    done = run_cli("acquire", url, "k", "a", "--ttl-ms", "60000")
+    assert done.returncode == 0, done.stderr
+    no_schema = run_cli("migrate", f"sqlite:///{tmp_path / 'x.db'}")
+    assert no_schema.returncode == 2
+    assert "no schema to migrate" in no_schema.stderr
+    unreachable = run_cli("migrate", f"postgresql://u@127.0.0.1:{free_port()}/db?timeout_s=1")
+    assert unreachable.returncode == 3
+    assert "leasekit: error:" in unreachable.stderr
+
+
+# -- keys, tables, inspect --------------------------------------------------------------------
+
+AWKWARD_KEYS = [
+    "plain",
+    "resource\0thread",
+    "\0",
+    "\0\0",
+    "trailing\0",
+    "emoji 🎉 and 中文",
+    "quote ' and \" and \\ and %s and %(key)s",
+    "space and\ttab\nnewline",
+    "x" * 1024,
+    "é" * 512,  # 1024 bytes
+]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS, ids=range(len(AWKWARD_KEYS)))
+async def test_awkward_keys_and_owners_round_trip_as_utf8_bytea(
+    provider: PostgresLeaseProvider, postgres_url: str, postgres_table: str, key: str
+) -> None:
+    owner = f"own\0{key[:40]}🎉"
+    await exercise_every_operation(provider, key)
+    assert (await provider.acquire_lease(key, owner, LONG_MS)).acquired
+    assert await provider.get_lease_owner(key) == owner
+    [record] = await provider.inspect(key)
+    assert (record.key, record.owner) == (key, owner)
+    with admin(postgres_url) as conn:
+        rows = conn.execute(sql.SQL("SELECT key, owner FROM {}").format(identifier(postgres_table)))
+        assert rows.fetchall() == [(key.encode(), owner.encode())]
+
+
+async def test_awkward_keys_stay_distinct(provider: PostgresLeaseProvider) -> None:
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert (await provider.acquire_lease(key, f"o{i}", LONG_MS)).acquired
+    for i, key in enumerate(AWKWARD_KEYS):
+        assert await provider.get_lease_owner(key) == f"o{i}"
+    records = await provider.inspect()
+    assert [(r.key, r.owner) for r in records] == sorted(
+        (key, f"o{i}") for i, key in enumerate(AWKWARD_KEYS)
+    )
+
+
+async def test_tables_are_independent(postgres_url: str, postgres_table: str) -> None:
+    async with (
+        PostgresLeaseProvider.from_url(postgres_url, table=postgres_table + "_a") as a,
+        PostgresLeaseProvider.from_url(postgres_url, table=postgres_table + "_b") as b,
+    ):
+        assert (await a.acquire_lease("k", "x", LONG_MS)).acquired
+        assert (await b.acquire_lease("k", "y", LONG_MS)).acquired
+        assert [r.owner for r in await a.inspect()] == ["x"]
+        assert [r.owner for r in await b.inspect()] == ["y"]
+
+
+async def test_inspect_filters_by_prefix_orders_and_limits(provider: PostgresLeaseProvider) -> None:
+    for i in range(5):
+        await provider.acquire_lease(f"job/{i}", f"w{i}", LONG_MS)
+    await provider.acquire_lease("job0", "zero", LONG_MS)  # '0' sorts right after '/'
+    await provider.acquire_lease("jo", "short", LONG_MS)
+    await provider.acquire_lease("job/gone", "g", LONG_MS)
+    await provider.release_lease("job/gone", "g")
+    await provider.acquire_lease("é/1", "accent", LONG_MS)
+    await provider.acquire_lease("é\0", "nul", LONG_MS)
+    records = await provider.inspect("job/")
+    assert [(r.key, r.owner) for r in records] == [(f"job/{i}", f"w{i}") for i in range(5)]
+    assert all(isinstance(r, LeaseRecord) and 0 < r.remaining_ms <= LONG_MS for r in records)
+    for r in records:
+        assert r.token == (await provider.acquire_lease(r.key, r.owner, LONG_MS)).token
+    assert [r.key for r in await provider.inspect("é")] == ["é\0", "é/1"]
+    assert [r.key for r in await provider.inspect("job")] == [
+        *(f"job/{i}" for i in range(5)),
+        "job0",
+    ]
+    assert [r.key for r in await provider.inspect(limit=2)] == ["jo", "job/0"]
+    assert len(await provider.inspect()) == 9
+    for bad in ("", 5):
+        with pytest.raises(leasekit.InvalidLeaseArgument):
+            await provider.inspect(bad)
+    with pytest.raises(leasekit.InvalidLeaseArgument):
+        await provider.inspect(limit=0)
+
+
+# -- one statement per operation ----------------------------------------------------------------
+
+
+async def test_every_operation_is_one_statement_and_one_round_trip(
+    traced_pool: tuple[AsyncConnectionPool[Any], ProtocolTrace], postgres_table: str
+) -> None:
+    pool, trace = traced_pool
+    rounds = 5
+    async with PostgresLeaseProvider(pool, table=postgres_table, sweep_every=0) as provider:
+        for i in range(rounds):
+            await exercise_every_operation(provider, f"k{i}")
+    messages = trace.messages()
+    sent = [line.split("\t")[2].strip() for line in messages if line.startswith("F\t")]
+    # Opening: one simple query that checks the schema, one that creates it.
+    assert sent[:2] == ["Query", "Query"]
+    operations = sent[2:]
+    assert operations.count("Sync") == rounds * EXERCISE_OPERATIONS
+    assert operations.count("Parse") == rounds * EXERCISE_OPERATIONS
+    assert "Query" not in operations
+    assert ProtocolTrace.round_trips(messages) == 2 + rounds * EXERCISE_OPERATIONS
+    # Every statement is the unnamed one: nothing is prepared in the session.
+    parses = [line for line in messages if line.startswith("F") and "\tParse\t" in line]
+    assert all('\tParse\t "" ' in line for line in parses), parses[:3]
+
+
+async def test_no_session_state_unless_prepared_statements_are_asked_for(
+    postgres_url: str, postgres_table: str
+) -> None:
+    async def prepared(provider: PostgresLeaseProvider) -> int:
+        pool = provider.client
+        assert isinstance(pool, AsyncConnectionPool)
+        async with pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    url = with_query(postgres_url, pool_max_size="1")
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table) as default:
+        for i in range(10):
+            await exercise_every_operation(default, f"k{i}")
+        assert await prepared(default) == 0
+    async with PostgresLeaseProvider.from_url(
+        url, table=postgres_table, prepare_threshold=0
+    ) as preparing:
+        await exercise_every_operation(preparing, "p")
+        assert await prepared(preparing) > 0
+
+
+async def start_blocked(coro: Any, postgres_url: str, app_name: str) -> asyncio.Task[Any]:
+    """Start ``coro`` and return once its statement waits for a row lock."""
+    task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+    await eventually(
+        lambda: task.done() or backends_of(postgres_url, app_name, waiting=True) == 1,
+        "the statement to wait for the row lock",
+    )
+    assert not task.done(), task
+    return task
+
+
+async def test_a_denied_acquire_names_the_holder_that_committed_while_it_waited(
+    traced_pool: tuple[AsyncConnectionPool[Any], ProtocolTrace],
+    postgres_url: str,
+    postgres_table: str,
+    app_name: str,
+) -> None:
+    """READ COMMITTED's snapshot is older than the row that denies us; the answer is not."""
+    pool, trace = traced_pool
+    provider = PostgresLeaseProvider(pool, table=postgres_table, sweep_every=0)
+    await provider.acquire_lease("held", "x", LONG_MS)
+    other = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    try:
+        # Another client transfers the lease from x to y in a transaction it keeps open.
+        await other.execute("BEGIN")
+        params = {"key": b"held", "from_owner": b"x", "to_owner": b"y", "ttl_ms": LONG_MS}
+        assert (await other.execute(provider._sql.transfer, params)).rowcount == 1
+        trace.messages()
+        await trace.restart(pool)
+        task = await start_blocked(
+            provider.acquire_lease("held", "z", LONG_MS), postgres_url, app_name
+        )
+        await other.execute("COMMIT")
+        assert await task == leasekit.LeaseResult(False, "y", None)  # not the stale x
+        assert ProtocolTrace.round_trips(trace.messages()) == 1
+
+        # A brand-new key whose first row another client inserts while we wait: that
+        # row is newer than our snapshot, so the holder is read once more.
+        await trace.restart(pool)
+        await other.execute("BEGIN")
+        params = {"key": b"new", "owner": b"f", "ttl_ms": LONG_MS}
+        await other.execute(provider._sql.acquire, params)
+        task = await start_blocked(
+            provider.acquire_lease("new", "z", LONG_MS), postgres_url, app_name
+        )
+        await other.execute("COMMIT")
+        assert await task == leasekit.LeaseResult(False, "f", None)
+        assert ProtocolTrace.round_trips(trace.messages()) == 2
+    finally:
+        await other.close()
+        await provider.aclose()
+
+
+async def test_racing_acquirers_get_one_winner_and_every_loser_names_it(
+    postgres_url: str, postgres_table: str
+) -> None:
+    providers = [
+        PostgresLeaseProvider.from_url(postgres_url, table=postgres_table, pool_max_size=4)
+        for _ in range(3)
+    ]
+    try:
+        for round_number in range(30):
+            key = f"race/{round_number}"
+            results = await asyncio.gather(
+                *(providers[i % 3].acquire_lease(key, f"o{i}", LONG_MS) for i in range(12))
+            )
+            winners = [r.owner for r in results if r.acquired]
+            assert len(winners) == 1, results
+            assert {r.owner for r in results} == {winners[0]}, results
+    finally:
+        for p in providers:
+            await p.aclose()
+
+
+# -- fencing tokens and the sweep ---------------------------------------------------------------
+
+
+async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
+    postgres_url: str, postgres_table: str
+) -> None:
+    async with PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=1.1, sweep_every=0,
+        sweep_batch=7,
+    ) as provider:  # fmt: skip
+        tokens = {}
+        for i in range(20):
+            result = await provider.acquire_lease(f"k{i}", "a", 1 if i < 10 else LONG_MS)
+            tokens[f"k{i}"] = result.token
+        assert await provider.sweep() == 0  # expired, but not for the grace period yet
+        await asyncio.sleep(1.2)
+        await provider.release_lease("k19", "a")  # a fresh tombstone
+        assert await provider.sweep() == 7  # one batch
+        assert await provider.sweep() == 3
+        assert await provider.sweep() == 0
+        assert await provider.row_count() == 10  # the live leases and the fresh tombstone
+        await asyncio.sleep(1.2)
+        assert await provider.sweep() == 1  # the tombstone, now old
+        for key, token in tokens.items():
+            result = await provider.acquire_lease(key, "b", LONG_MS)
+            if key in ("k19", *(f"k{i}" for i in range(10))):
+                assert result.acquired
+                assert result.token is not None
+                assert token is not None
+                assert result.token > token
+            else:
+                assert result == leasekit.LeaseResult(False, "a", None)
+
+
+async def test_background_sweeps_keep_the_table_bounded(
+    postgres_url: str, postgres_table: str
+) -> None:
+    async with PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=1.1, sweep_every=10,
+        sweep_batch=50,
+    ) as provider:  # fmt: skip
+        for i in range(200):
+            await provider.acquire_lease(f"k{i}", "a", 1)
+        await asyncio.sleep(1.2)
+        for i in range(200):
+            await provider.acquire_lease(f"j{i}", "a", LONG_MS)
+            await provider.release_lease(f"j{i}", "a")
+        # The 200 old rows went in background sweeps; the 200 fresh tombstones stay.
+        assert await provider.row_count() <= 250
+
+
+# -- callers' pools and connections ----------------------------------------------------------------
+
+
+async def test_a_callers_pool_is_used_and_never_closed(
+    traced_pool: tuple[AsyncConnectionPool[Any], ProtocolTrace], postgres_table: str
+) -> None:
+    pool, _ = traced_pool
+    async with PostgresLeaseProvider(pool, table=postgres_table) as provider:
+        await exercise_every_operation(provider, "k")
+    with pytest.raises(leasekit.LeaseProviderClosed):
+        await provider.get_lease_owner("k")
+    assert not pool.closed
+    async with pool.connection() as conn:
+        await conn.execute("SELECT 1")
+
+
+async def test_a_callers_connection_is_used_and_never_closed(
+    postgres_url: str, postgres_table: str
+) -> None:
+    conn = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    async with PostgresLeaseProvider(conn, table=postgres_table) as provider:
+        await asyncio.gather(*(exercise_every_operation(provider, f"k{i}") for i in range(4)))
+    assert not conn.closed
+    await conn.execute("SELECT 1")
+    await conn.close()
+
+
+async def test_a_callers_pool_without_autocommit_still_commits_each_operation(
+    postgres_url: str, postgres_table: str
+) -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        postgres_url, min_size=1, max_size=2, open=False
+    )
+    await pool.open()
+    async with PostgresLeaseProvider(pool, table=postgres_table) as provider:
+        await exercise_every_operation(provider, "k")
+        assert (await provider.acquire_lease("kept", "a", LONG_MS)).acquired
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as other:
+        assert await other.get_lease_owner("kept") == "a"
+    await pool.close()
+
+
+async def test_a_built_pool_is_closed_by_aclose(postgres_url: str, postgres_table: str) -> None:
+    provider = PostgresLeaseProvider.from_url(postgres_url, table=postgres_table)
+    async with provider:
+        await exercise_every_operation(provider, "k")
+    pool = provider.client
+    assert isinstance(pool, AsyncConnectionPool)
+    assert pool.closed
+    for call in (provider.get_lease_owner("k"), provider.inspect(), provider.sweep()):
+        with pytest.raises(leasekit.LeaseProviderClosed):
+            await call
+    await provider.aclose()  # idempotent
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+async def test_terminated_backends_mid_run_are_backend_errors_at_worst_then_recover(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    url = with_query(postgres_url, application_name=app_name, pool_max_size="4")
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table, timeout_s=2) as provider:
+        outcomes = {"ok": 0}
+        errors: list[leasekit.LeaseBackendError] = []
+        stop = asyncio.Event()
+
+        async def churn(worker: int) -> None:
+            key, owner = f"k{worker}", f"o{worker}"
+            while not stop.is_set():
+                for call in (
+                    provider.acquire_lease(key, owner, LONG_MS),
+                    provider.renew_lease(key, owner, LONG_MS),
+                    provider.get_lease_owner(key),
+                    provider.transfer_lease(key, owner, owner, LONG_MS),
+                    provider.release_lease(key, owner),
+                ):
+                    try:
+                        await call
+                        outcomes["ok"] += 1
+                    except leasekit.LeaseBackendError as exc:  # noqa: PERF203 (counting them)
+                        errors.append(exc)
+
+        workers = [asyncio.create_task(churn(i)) for i in range(4)]
+        with admin(postgres_url) as conn:
+            for _ in range(10):
+                await asyncio.sleep(0.05)
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (app_name,),
+                )
+        stop.set()
+        await asyncio.gather(*workers)
+        assert outcomes["ok"] > 0
+        assert all(e.__cause__ is None or isinstance(e.__cause__, psycopg.Error) for e in errors)
+        # Idempotent operations are retried once on a fresh connection, so most succeed.
+        await exercise_every_operation(provider, "after")
+
+
+async def test_a_statement_stalled_by_a_row_lock_is_cancelled_by_the_server(
+    postgres_url: str, postgres_table: str
+) -> None:
+    # The server's statement_timeout (200 ms) fires long before the provider's own bound.
+    timeout_s = 3.0
+    url = with_query(postgres_url, options="-c%20statement_timeout%3D200", server_timeout="false")
+    async with PostgresLeaseProvider.from_url(
+        url, table=postgres_table, timeout_s=timeout_s
+    ) as quick:
+        assert (await quick.acquire_lease("k", "a", LONG_MS)).acquired
+        with admin(postgres_url) as other:
+            other.execute("BEGIN")
+            other.execute(
+                sql.SQL("SELECT * FROM {} WHERE key = 'k' FOR UPDATE").format(
+                    identifier(postgres_table)
+                )
+            )
+            started = time.monotonic()
+            with pytest.raises(leasekit.LeaseBackendError, match="cancelled") as info:
+                await quick.renew_lease("k", "a", LONG_MS)
+            assert time.monotonic() - started < timeout_s + SLACK_S
+            assert info.value.key == "k"
+            assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
+            other.execute("ROLLBACK")
+        assert await quick.renew_lease("k", "a", LONG_MS)
+        await exercise_every_operation(quick, "after")
+
+
+async def test_a_stalled_statement_on_a_callers_pool_without_a_server_timeout_is_bounded(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    timeout_s = 0.5
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        with_query(postgres_url, application_name=app_name),
+        kwargs={"autocommit": True},
+        min_size=1,
+        max_size=2,
+        open=False,
+    )
+    await pool.open()
+    async with PostgresLeaseProvider(pool, table=postgres_table, timeout_s=timeout_s) as p:
+        assert (await p.acquire_lease("k", "a", LONG_MS)).acquired
+        with admin(postgres_url) as other:
+            other.execute("BEGIN")
+            other.execute(
+                sql.SQL("SELECT * FROM {} WHERE key = 'k' FOR UPDATE").format(
+                    identifier(postgres_table)
+                )
+            )
+            for call in (p.acquire_lease("k", "b", LONG_MS), p.release_lease("k", "a")):
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendError, match="no answer"):
+                    await call
+                assert time.monotonic() - started < timeout_s + SLACK_S
+            # The abandoned statements are cancelled on the server, not left waiting.
+            await eventually(
+                lambda: backends_of(postgres_url, app_name, waiting=True) == 0,
+                "the abandoned statements to be cancelled",
+            )
+            other.execute("ROLLBACK")
+        assert await p.get_lease_owner("k") == "a"
+        await exercise_every_operation(p, "after")
+    await pool.close()
+
+
+async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recovers(
+    private_postgres_server: PostgresServer,
+) -> None:
+    timeout_s = 0.5
+    async with PostgresLeaseProvider.from_url(
+        private_postgres_server.url, timeout_s=timeout_s
+    ) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        private_postgres_server.pause()
+        try:
+            for call in (
+                provider.acquire_lease("k", "a", LONG_MS),
+                provider.get_lease_owner("k"),
+                provider.transfer_lease("k", "a", "b", LONG_MS),
+            ):
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendError) as info:
+                    await call
+                assert time.monotonic() - started < timeout_s + SLACK_S
+                assert info.value.key == "k"
+        finally:
+            private_postgres_server.resume()
+        # The transfer may or may not have run once the server woke; either is fine.
+        assert await provider.get_lease_owner("k") in ("a", "b")
+        await exercise_every_operation(provider, "after-pause")
+
+
+async def test_a_restarted_server_keeps_leases_and_tokens_and_the_pool_recovers(
+    private_postgres_server: PostgresServer,
+) -> None:
+    server = private_postgres_server
+    async with PostgresLeaseProvider.from_url(server.url, timeout_s=2) as provider:
+        first = await provider.acquire_lease("k", "a", LONG_MS)
+        assert first.token is not None
+        server.kill()
+        started = time.monotonic()
+        with pytest.raises(leasekit.LeaseBackendError):
+            await provider.acquire_lease("k", "a", LONG_MS)
+        assert time.monotonic() - started < 2 + SLACK_S
+        server.restart()  # on the same port
+        # Every pooled connection died with the server; the first call retries on a new one.
+        assert await provider.get_lease_owner("k") == "a"  # persistent
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).token == first.token
+        await provider.release_lease("k", "a")
+        server.restart()
+        again = await provider.acquire_lease("k", "b", LONG_MS)
+        assert again.token is not None
+        assert again.token > first.token
+        await exercise_every_operation(provider, "after-restart")
+
+
+# -- the scale benchmark -----------------------------------------------------------------------
+
+
+def test_the_scale_benchmark_runs_on_a_small_table(postgres_url: str, postgres_schema: str) -> None:
+    table = f"{postgres_schema}.scale_{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "postgres_scale.py"),
+            "--url", postgres_url, "--table", table,
+            "--rows", "10000", "--ops", "50", "--sweep-timeout-s", "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "p99 x" in done.stdout
+    assert "reclaiming: 5,000 of 5,000 rows" in done.stdout
+    with admin(postgres_url) as conn:
+        row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    assert row == (None,)  # dropped at the end
