@@ -80,9 +80,14 @@ end
 """
 
 # KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever).
-# Returns {1, token} when granted (a free key gets a new token; the caller's own
-# live lease keeps its token and gets a fresh TTL) or {0, holder} when another owner
-# holds it: the holder comes from the same read that decided, never a second GET.
+# Returns the token, an integer, when granted (a free key gets a new token; the
+# caller's own live lease keeps its token and gets a fresh TTL), or the holder, a
+# string, when another owner holds it: the holder comes from the same read that
+# decided, never a second GET. One scalar rather than a {granted, detail} pair:
+# redis-py takes about 7 us more client CPU to parse an array reply, the largest
+# cost per acquire that leasekit had added to a raw SET NX PX (docs/benchmarks.md).
+# A Lua number becomes an integer reply exactly: tokens (microseconds, about 2**51)
+# are below 2**53.
 ACQUIRE = Script(
     "acquire",
     _PRELUDE
@@ -91,15 +96,15 @@ local value = redis.call('GET', KEYS[1])
 if value then
   local holder, token = parse(value)
   if holder ~= ARGV[1] then
-    return {0, holder}
+    return holder
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   touch_counter(KEYS[2], ARGV[3])
-  return {1, token}
+  return tonumber(token)
 end
 local token = next_token(KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
-return {1, token}
+return tonumber(token)
 """,
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -131,6 +132,7 @@ class RedisLeaseProvider:
         self.counter_ttl_ms = _check_counter_ttl(counter_ttl_ms)
         self._close_client = bool(close_client)
         self._closed = False
+        self._deadlines = _Deadlines(self.timeout_s)
 
     @property
     def client(self) -> RedisClient:
@@ -214,21 +216,30 @@ class RedisLeaseProvider:
 
     async def _bounded(self, awaitable: Awaitable[_T], key: str | None) -> _T:
         """Await one round trip within ``timeout_s``; driver errors become ours."""
+        watch = self._deadlines.open()
         try:
-            if sys.version_info >= (3, 11):
-                async with asyncio.timeout(self.timeout_s):
-                    return await awaitable
-            else:
+            if watch is None:  # Python 3.10, or called outside a task
                 return await asyncio.wait_for(awaitable, self.timeout_s)
+            return await awaitable
+        except asyncio.CancelledError:
+            if watch is not None and self._deadlines.close(watch):
+                raise self._no_answer(key) from TimeoutError()
+            raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
-            raise LeaseBackendError(
-                f"no answer within {self.timeout_s:g} s{self._where()}", backend=_BACKEND, key=key
-            ) from exc
+            raise self._no_answer(key) from exc
         except (RedisError, RedisClusterException, OSError) as exc:
             # RedisClusterException is not a RedisError: a cluster with no reachable node.
             raise LeaseBackendError(
                 f"{type(exc).__name__}: {exc}{self._where()}", backend=_BACKEND, key=key
             ) from exc
+        finally:
+            if watch is not None:
+                self._deadlines.close(watch)
+
+    def _no_answer(self, key: str | None) -> LeaseBackendError:
+        return LeaseBackendError(
+            f"no answer within {self.timeout_s:g} s{self._where()}", backend=_BACKEND, key=key
+        )
 
     async def _run(self, script: _lua.Script, key: str, keys: tuple[bytes, ...], *args: Any) -> Any:
         if self._closed:
@@ -271,12 +282,14 @@ class RedisLeaseProvider:
         reply = await self._run(
             _lua.ACQUIRE, key, self._names(key), owner.encode(), ttl_ms, self._counter_px(ttl_ms)
         )
+        # The script answers with the token (an int) or the holder (a string).
+        if isinstance(reply, int):
+            return LeaseResult(True, owner, reply)
+        if not isinstance(reply, bytes | str):
+            raise self._garbled(key, reply)
         try:
-            granted, detail = reply
-            if granted == 1:
-                return LeaseResult(True, owner, int(detail))
-            return LeaseResult(False, _text(detail), None)
-        except (TypeError, ValueError) as exc:
+            return LeaseResult(False, _text(reply), None)
+        except UnicodeDecodeError as exc:
             raise self._garbled(key, reply) from exc
 
     async def get_lease_owner(self, key: str) -> str | None:
@@ -417,6 +430,87 @@ class RedisLeaseProvider:
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
         return f"RedisLeaseProvider(prefix={self.prefix!r}{self._where()}{state})"
+
+
+class _Watch:
+    """One operation in flight: its task, when it is due, and whether it ran out."""
+
+    __slots__ = ("cancelling", "closed", "deadline", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline
+        # Cancellations already requested when the operation began (asyncio.timeout's
+        # bookkeeping): a deadline's own cancel is taken back only if it is the one
+        # that arrived, so a cancel from elsewhere still propagates as CancelledError.
+        self.cancelling = 0
+        if sys.version_info >= (3, 11):
+            self.cancelling = task.cancelling()
+        self.closed = False
+        self.expired = False
+
+
+class _Deadlines:
+    """The timeout of every in-flight operation of one provider, on a single timer.
+
+    ``async with asyncio.timeout()`` arms and cancels one timer per call, about 4 us
+    of Python per round trip, one of the two largest costs leasekit added to a raw
+    redis-py call (``leasekit bench``, docs/benchmarks.md). Every operation of a
+    provider has the same ``timeout_s``, so deadlines fall due in the order the
+    operations began: a FIFO of watches, and one timer set for the oldest open one,
+    bound them all. When it fires, it cancels each overdue task, as asyncio.timeout
+    would, and :meth:`close` tells ``_bounded`` to turn that cancellation into
+    :class:`~leasekit.LeaseBackendError`. The semantics are asyncio.timeout's: an
+    end-to-end bound per operation, and a cancellation from elsewhere still wins.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._open: deque[_Watch] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def open(self) -> _Watch | None:
+        """Start timing the current task's operation; None where ``wait_for`` must do it."""
+        if sys.version_info < (3, 11):
+            return None  # Task.uncancel(), needed to take a cancellation back, is 3.11+
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        loop = task.get_loop()
+        if loop is not self._loop:  # first use, or the provider now runs on another loop
+            self._loop, self._open, self._timer = loop, deque(), None
+        watch = _Watch(task, loop.time() + self._timeout_s)
+        self._open.append(watch)
+        if self._timer is None:
+            self._timer = loop.call_at(watch.deadline, self._expire, loop)
+        return watch
+
+    def close(self, watch: _Watch) -> bool:
+        """End ``watch`` (idempotent); True if its deadline alone cancelled the task."""
+        if watch.closed:
+            return False
+        watch.closed = True
+        pending = self._open
+        while pending and pending[0].closed:
+            pending.popleft()
+        if sys.version_info >= (3, 11) and watch.expired:
+            return watch.task.uncancel() <= watch.cancelling
+        return False
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a timer left on a loop the provider no longer runs on
+        self._timer = None
+        now = loop.time()
+        pending = self._open
+        while pending and (pending[0].closed or pending[0].deadline <= now):
+            watch = pending.popleft()
+            if not watch.closed:
+                watch.expired = True
+                watch.task.cancel()
+        if pending:
+            self._timer = loop.call_at(pending[0].deadline, self._expire, loop)
 
 
 def _text(value: bytes | str) -> str:

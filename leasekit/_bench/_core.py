@@ -1,0 +1,821 @@
+"""The generic benchmark: contenders, scenarios, the runner and the report.
+
+A *contender* is one way to take and give back a lease on the store under test:
+leasekit itself (the same for every scheme, through :func:`leasekit.connect`), the
+scheme's raw-driver *floor*, and *peers* (other lock libraries). Each one opens a
+*cycler* whose ``cycle(key, owner)`` tries to acquire ``key`` without waiting and,
+if that worked, releases it: one acquire+release cycle. Async cyclers run as asyncio
+tasks on one event loop; sync ones run one thread per task, sharing one client.
+
+Every contender runs every scenario for a short warmup, then for a fixed duration,
+timing each cycle with :func:`time.perf_counter_ns`. Each contender gets its own
+event loop and its own client, opened before and closed after its scenarios. With
+several rounds, the whole sequence repeats and each row keeps its fastest round.
+
+Backends plug in per URL scheme with a :class:`SchemeBench` (their floor, peers, a
+cleanup and a server description), registered in :data:`_SCHEMES` by module path so
+that nothing is imported before that scheme is benchmarked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import itertools
+import math
+import os
+import platform
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from .. import connect
+from .._errors import InvalidLeaseArgument
+from .._registry import normalize_scheme, scheme_of
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from .._contract import ManagedLeaseProvider
+
+__all__ = [
+    "KEYS_PER_TASK",
+    "SCENARIOS",
+    "AsyncCycler",
+    "BenchReport",
+    "BenchTarget",
+    "Contender",
+    "ContenderResult",
+    "Scenario",
+    "SchemeBench",
+    "SyncCycler",
+    "register_scheme",
+    "render_table",
+    "run_bench",
+]
+
+Role = Literal["leasekit", "floor", "peer"]
+
+DEFAULT_TTL_MS = 30_000
+"""Long enough that no lease expires mid-cycle: every cycle releases what it took."""
+
+KEYS_PER_TASK = 16
+"""Uncontended tasks cycle through this many keys of their own: consecutive cycles
+use distinct keys, and the number of keys a run writes stays bounded."""
+
+_MAX_WARMUP_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """How many tasks run at once, and whether they share one key."""
+
+    name: str
+    label: str
+    tasks: int
+    shared_key: bool
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("single", "1 task", tasks=1, shared_key=False),
+        Scenario("concurrent", "64 tasks", tasks=64, shared_key=False),
+        Scenario("contended", "16 tasks, 1 key", tasks=16, shared_key=True),
+    )
+}
+"""The scenarios, in the order they run: sequential cycles on distinct keys; 64
+concurrent tasks on distinct keys; 16 tasks racing for one key (acquisitions and
+denials counted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTarget:
+    """What a contender needs to open: the store, the TTL, and this run's namespace.
+
+    ``namespace`` (``leasekit-bench-<hex>``) is part of every key the run writes, so
+    a scheme's cleanup can find and delete them, and two runs never collide.
+    """
+
+    url: str
+    ttl_ms: int
+    namespace: str
+
+
+class AsyncCycler(Protocol):
+    """An open async contender."""
+
+    async def cycle(self, key: str, owner: str) -> bool:
+        """Acquire ``key`` for ``owner`` without waiting, release it if acquired.
+
+        Returns whether it was acquired.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Close every client the cycler opened."""
+        ...
+
+
+class SyncCycler(Protocol):
+    """An open blocking contender; ``cycle`` is called from several threads at once."""
+
+    def cycle(self, key: str, owner: str) -> bool:
+        """Acquire ``key`` for ``owner`` without waiting, release it if acquired."""
+        ...
+
+    def close(self) -> None:
+        """Close every client the cycler opened."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    """One way to take and give back a lease: leasekit, a raw-driver floor, or a peer.
+
+    Exactly one of ``open_async`` and ``open_sync`` is set. ``requires`` names the
+    top-level modules it imports; when one is missing the contender is skipped and
+    the report shows ``install``, the command that adds it. ``how`` says in one line
+    what a cycle does on the wire.
+    """
+
+    id: str
+    label: str
+    role: Role
+    open_async: Callable[[BenchTarget], Coroutine[Any, Any, AsyncCycler]] | None = None
+    open_sync: Callable[[BenchTarget], SyncCycler] | None = None
+    requires: tuple[str, ...] = ()
+    install: str = ""
+    how: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.open_async is None) == (self.open_sync is None):
+            raise ValueError(f"contender {self.id!r}: set exactly one of open_async, open_sync")
+
+    @property
+    def mode(self) -> str:
+        return "async" if self.open_async is not None else "sync, one thread per task"
+
+    def missing(self) -> list[str]:
+        """The required modules that are not installed."""
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+
+
+@dataclass(frozen=True, slots=True)
+class SchemeBench:
+    """What a URL scheme adds to the benchmark beyond leasekit itself.
+
+    ``contenders``: its raw-driver floor (role ``"floor"``, at most one) and peers.
+    ``cleanup`` deletes what the run wrote (every name containing the target's
+    namespace); ``describe_server`` names the server and its version for the report.
+    """
+
+    contenders: tuple[Contender, ...] = ()
+    cleanup: Callable[[BenchTarget], Coroutine[Any, Any, None]] | None = None
+    describe_server: Callable[[BenchTarget], Coroutine[Any, Any, str | None]] | None = None
+
+
+# Scheme -> "module:attribute" of its SchemeBench. Imported only when that scheme is
+# benchmarked, so the drivers and peers it needs load only then. A scheme without an
+# entry (memory://, a third-party backend) benchmarks leasekit alone.
+_SCHEMES: dict[str, str | SchemeBench] = {
+    "redis": "leasekit._bench._redis:BENCH",
+    "rediss": "leasekit._bench._redis:BENCH",
+    "sqlite": "leasekit._bench._sqlite:BENCH",
+}
+
+
+def register_scheme(scheme: str, bench: str | SchemeBench) -> None:
+    """Benchmark URLs of ``scheme`` with ``bench`` (a :class:`SchemeBench` or its path)."""
+    _SCHEMES[normalize_scheme(scheme)] = bench
+
+
+def _scheme_bench(scheme: str) -> SchemeBench:
+    entry = _SCHEMES.get(scheme)
+    if entry is None:
+        return SchemeBench()
+    if isinstance(entry, SchemeBench):
+        return entry
+    module, _, attribute = entry.partition(":")
+    bench = getattr(importlib.import_module(module), attribute)
+    if not isinstance(bench, SchemeBench):
+        raise TypeError(f"{entry} is not a SchemeBench")
+    return bench
+
+
+# -- leasekit itself: the same contender for every scheme --------------------------------
+
+
+class _LeasekitCycler:
+    def __init__(self, provider: ManagedLeaseProvider, ttl_ms: int) -> None:
+        self._provider = provider
+        self._acquire = provider.acquire_lease
+        self._release = provider.release_lease
+        self._ttl_ms = ttl_ms
+
+    async def cycle(self, key: str, owner: str) -> bool:
+        result = await self._acquire(key, owner, self._ttl_ms)
+        if result.acquired:
+            await self._release(key, owner)
+        return result.acquired
+
+    async def aclose(self) -> None:
+        await self._provider.aclose()
+
+
+async def _open_leasekit(target: BenchTarget) -> AsyncCycler:
+    provider = connect(target.url)
+    try:
+        # Opens and checks the connection (a PING on Redis): a wrong address or an
+        # unreachable server fails here, before anything is measured.
+        await provider.__aenter__()
+    except BaseException:
+        await provider.aclose()
+        raise
+    return _LeasekitCycler(provider, target.ttl_ms)
+
+
+LEASEKIT = Contender(
+    "leasekit",
+    "leasekit",
+    "leasekit",
+    open_async=_open_leasekit,
+    how="leasekit.connect(url): acquire_lease, then release_lease if acquired",
+)
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContenderResult:
+    """One contender in one scenario.
+
+    A cycle is a successful acquire followed by its release: ``cycles_per_s`` counts
+    those. ``attempts`` also counts denied acquires (``denied``; only the contended
+    scenario should have any). Latencies are per attempt, in milliseconds;
+    ``cpu_us`` is the CPU time the whole benchmark process (client library, event
+    loop, threads) spent per attempt: where it approaches the time per cycle, the
+    client, not the server, is what limits the rate.
+    ``ratio_to_floor`` is ``cycles_per_s`` over the floor's in the same scenario
+    (``None`` without a floor). With several rounds, the numbers are those of the
+    fastest round and ``round_cycles_per_s`` lists every round's. ``error`` is set,
+    and the numbers are zero, when the contender failed.
+    """
+
+    contender: str
+    label: str
+    role: Role
+    mode: str
+    scenario: str
+    tasks: int
+    attempts: int = 0
+    cycles: int = 0
+    denied: int = 0
+    seconds: float = 0.0
+    cycles_per_s: float = 0.0
+    denied_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    cpu_us: float = 0.0
+    ratio_to_floor: float | None = None
+    round_cycles_per_s: tuple[float, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    """Everything one run measured, in the order contenders and scenarios ran.
+
+    ``namespace`` is part of every key the run wrote (``leasekit-bench-<hex>``).
+    """
+
+    url: str
+    scheme: str
+    namespace: str
+    server: str | None
+    seconds: float
+    warmup_s: float
+    rounds: int
+    ttl_ms: int
+    scenarios: tuple[str, ...]
+    results: tuple[ContenderResult, ...]
+    contenders: tuple[dict[str, str], ...] = ()
+    skipped: tuple[dict[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def result(self, contender: str, scenario: str) -> ContenderResult | None:
+        return next(
+            (r for r in self.results if r.contender == contender and r.scenario == scenario),
+            None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``leasekit bench --json`` prints exactly this."""
+        return {
+            "url": self.url,
+            "scheme": self.scheme,
+            "namespace": self.namespace,
+            "server": self.server,
+            "seconds": self.seconds,
+            "warmup_s": self.warmup_s,
+            "rounds": self.rounds,
+            "ttl_ms": self.ttl_ms,
+            "machine": self.machine,
+            "scenarios": [
+                {"name": s, **{k: v for k, v in asdict(SCENARIOS[s]).items() if k != "name"}}
+                for s in self.scenarios
+            ],
+            "contenders": list(self.contenders),
+            "results": [asdict(r) for r in self.results],
+            "skipped": list(self.skipped),
+            "notes": list(self.notes),
+        }
+
+
+# -- the runner --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _TaskSample:
+    latencies_ns: list[int]
+    cycles: int
+    denied: int
+    finished_ns: int
+    cpu_start_s: float  # the process's CPU time when this task's warmup ended
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    target: BenchTarget
+    scenarios: tuple[Scenario, ...]
+    seconds: float
+    warmup_s: float
+    progress: Callable[[str], None]
+
+    def workload(
+        self, contender: Contender, scenario: Scenario
+    ) -> tuple[list[list[str]], list[str]]:
+        """Each task's keys and owner: its own keys, or the one shared key."""
+        base = f"{self.target.namespace}:{contender.id}:{scenario.name}"
+        if scenario.shared_key:
+            keys = [[f"{base}:shared"] for _ in range(scenario.tasks)]
+        else:
+            keys = [
+                [f"{base}:{task}:{k}" for k in range(KEYS_PER_TASK)]
+                for task in range(scenario.tasks)
+            ]
+        owners = [f"{self.target.namespace}:owner-{task}" for task in range(scenario.tasks)]
+        return keys, owners
+
+    def deadlines_ns(self) -> tuple[int, int]:
+        warm_end = time.perf_counter_ns() + int(self.warmup_s * 1e9)
+        return warm_end, warm_end + int(self.seconds * 1e9)
+
+
+def run_bench(
+    url: str,
+    *,
+    seconds: float = 2.0,
+    scenarios: Sequence[str] = tuple(SCENARIOS),
+    rounds: int = 1,
+    ttl_ms: int = DEFAULT_TTL_MS,
+    warmup_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Measure leasekit, the floor and every installed peer on ``url``; see the module doc.
+
+    With ``rounds`` > 1 the whole sequence of contenders runs that many times, one
+    round after another, and each row reports its fastest round: other load on the
+    machine only ever slows a round down, so the fastest is the least disturbed (as
+    :mod:`timeit` advises), and interleaving spreads a slow spell over every
+    contender instead of landing it on one.
+
+    Blocking: each contender runs on its own event loop (or threads), so call this
+    outside any running loop. Raises :class:`~leasekit.InvalidLeaseArgument` for a bad
+    URL or argument and the backend's errors (:class:`~leasekit.BackendUnavailable`,
+    :class:`~leasekit.LeaseBackendError`) when leasekit cannot open or use the store;
+    a failing floor or peer is reported in its rows instead. Keys the run wrote are
+    deleted at the end where the scheme knows how.
+    """
+    scheme = scheme_of(url)
+    chosen = _check_arguments(seconds, rounds, scenarios)
+    if warmup_s is None:
+        warmup_s = min(_MAX_WARMUP_S, seconds / 4)
+    bench = _scheme_bench(scheme)
+    target = BenchTarget(url, ttl_ms, f"leasekit-bench-{uuid.uuid4().hex[:10]}")
+    plan = _Plan(target, chosen, float(seconds), float(warmup_s), progress or (lambda _: None))
+    contenders, skipped = _installed((LEASEKIT, *bench.contenders))
+    measured: dict[tuple[str, str], list[ContenderResult]] = {}
+    failed: dict[str, list[ContenderResult]] = {}
+    notes: list[str] = []
+    server: str | None = None
+    try:
+        for round_ in range(1, rounds + 1):
+            prefix = f"round {round_}/{rounds}: " if rounds > 1 else ""
+            _run_round(contenders, plan, prefix, measured, failed)
+        if bench.describe_server is not None:
+            server = asyncio.run(bench.describe_server(target))
+    finally:
+        if measured and bench.cleanup is not None:
+            try:
+                asyncio.run(bench.cleanup(target))
+            except Exception as exc:  # noqa: BLE001 (the numbers stand; say what was left behind)
+                notes.append(f"cleanup of keys containing {target.namespace!r} failed: {exc}")
+    rows: list[ContenderResult] = []
+    for contender in contenders:
+        if contender.id in failed:
+            rows.extend(failed[contender.id])
+        else:
+            rows.extend(_fastest_round(measured[contender.id, s.name]) for s in chosen)
+    return BenchReport(
+        url=_redact(url),
+        scheme=scheme,
+        namespace=target.namespace,
+        server=server,
+        seconds=plan.seconds,
+        warmup_s=plan.warmup_s,
+        rounds=rounds,
+        ttl_ms=ttl_ms,
+        scenarios=tuple(s.name for s in chosen),
+        results=tuple(_with_ratios(rows)),
+        contenders=tuple(
+            {"id": c.id, "label": c.label, "role": c.role, "mode": c.mode, "how": c.how}
+            for c in contenders
+        ),
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+        machine=_machine(),
+    )
+
+
+def _check_arguments(
+    seconds: object, rounds: object, scenarios: Sequence[str]
+) -> tuple[Scenario, ...]:
+    """The scenarios to run, in order; bad arguments raise before anything connects."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise InvalidLeaseArgument("seconds", f"must be a number > 0, got {seconds!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InvalidLeaseArgument("rounds", f"must be an int >= 1, got {rounds!r}")
+    if not scenarios or any(name not in SCENARIOS for name in scenarios):
+        raise InvalidLeaseArgument(
+            "scenarios", f"choose from {', '.join(SCENARIOS)}, got {list(scenarios)!r}"
+        )
+    return tuple(SCENARIOS[name] for name in dict.fromkeys(scenarios))
+
+
+def _installed(
+    candidates: Sequence[Contender],
+) -> tuple[list[Contender], list[dict[str, str]]]:
+    """The contenders whose modules import here, and a reason for each one skipped."""
+    ready: list[Contender] = []
+    skipped: list[dict[str, str]] = []
+    for contender in candidates:
+        missing = contender.missing()
+        if missing:
+            reason = f"{', '.join(missing)} not installed: {contender.install}"
+            skipped.append({"contender": contender.id, "label": contender.label, "reason": reason})
+        else:
+            ready.append(contender)
+    return ready, skipped
+
+
+def _run_round(
+    contenders: Sequence[Contender],
+    plan: _Plan,
+    prefix: str,
+    measured: dict[tuple[str, str], list[ContenderResult]],
+    failed: dict[str, list[ContenderResult]],
+) -> None:
+    """Every contender once through every scenario; results go into ``measured``.
+
+    A floor or peer that fails is recorded in ``failed`` and left out of later
+    rounds; leasekit failing is the command's error and propagates.
+    """
+    for contender in contenders:
+        if contender.id in failed:
+            continue
+        try:
+            results = _measure(contender, plan, prefix)
+        except Exception as exc:
+            if contender.role == "leasekit":
+                raise
+            failed[contender.id] = [_failure(contender, s, exc) for s in plan.scenarios]
+            continue
+        for result in results:
+            measured.setdefault((result.contender, result.scenario), []).append(result)
+
+
+def _failure(contender: Contender, scenario: Scenario, exc: Exception) -> ContenderResult:
+    return ContenderResult(
+        contender.id,
+        contender.label,
+        contender.role,
+        contender.mode,
+        scenario.name,
+        scenario.tasks,
+        error=f"{type(exc).__name__}: {exc}".splitlines()[0],
+    )
+
+
+def _fastest_round(results: list[ContenderResult]) -> ContenderResult:
+    """The round with the most cycles/s, noting every round's rate."""
+    fastest = max(results, key=lambda r: r.cycles_per_s)
+    return replace(fastest, round_cycles_per_s=tuple(r.cycles_per_s for r in results))
+
+
+def _measure(contender: Contender, plan: _Plan, prefix: str) -> list[ContenderResult]:
+    if contender.open_async is not None:
+        return asyncio.run(_measure_async(contender, contender.open_async, plan, prefix))
+    assert contender.open_sync is not None
+    return _measure_sync(contender, contender.open_sync, plan, prefix)
+
+
+async def _measure_async(
+    contender: Contender,
+    open_async: Callable[[BenchTarget], Coroutine[Any, Any, AsyncCycler]],
+    plan: _Plan,
+    prefix: str,
+) -> list[ContenderResult]:
+    cycler = await open_async(plan.target)
+    try:
+        out = []
+        for scenario in plan.scenarios:
+            plan.progress(f"{prefix}{contender.label}: {scenario.label}")
+            keys, owners = plan.workload(contender, scenario)
+            warm_end, end = plan.deadlines_ns()
+            samples = await asyncio.gather(
+                *(
+                    _async_task(cycler.cycle, keys[task], owners[task], warm_end, end)
+                    for task in range(scenario.tasks)
+                )
+            )
+            out.append(_summarize(contender, scenario, samples, warm_end, time.process_time()))
+        return out
+    finally:
+        await cycler.aclose()
+
+
+async def _async_task(
+    cycle: Callable[[str, str], Awaitable[bool]],
+    keys: list[str],
+    owner: str,
+    warm_end_ns: int,
+    end_ns: int,
+) -> _TaskSample:
+    clock = time.perf_counter_ns
+    count = len(keys)
+    i = 0
+    while clock() < warm_end_ns:
+        await cycle(keys[i % count], owner)
+        i += 1
+    cpu_start_s = time.process_time()
+    latencies: list[int] = []
+    cycles = denied = 0
+    while (start := clock()) < end_ns:
+        acquired = await cycle(keys[i % count], owner)
+        latencies.append(clock() - start)
+        i += 1
+        if acquired:
+            cycles += 1
+        else:
+            denied += 1
+    return _TaskSample(latencies, cycles, denied, clock(), cpu_start_s)
+
+
+def _sync_task(
+    cycle: Callable[[str, str], bool],
+    keys: list[str],
+    owner: str,
+    warm_end_ns: int,
+    end_ns: int,
+) -> _TaskSample:
+    # The same loop as _async_task, minus the awaits; kept apart so that neither pays
+    # for the other's indirection inside the timed region.
+    clock = time.perf_counter_ns
+    count = len(keys)
+    i = 0
+    while clock() < warm_end_ns:
+        cycle(keys[i % count], owner)
+        i += 1
+    cpu_start_s = time.process_time()
+    latencies: list[int] = []
+    cycles = denied = 0
+    while (start := clock()) < end_ns:
+        acquired = cycle(keys[i % count], owner)
+        latencies.append(clock() - start)
+        i += 1
+        if acquired:
+            cycles += 1
+        else:
+            denied += 1
+    return _TaskSample(latencies, cycles, denied, clock(), cpu_start_s)
+
+
+def _measure_sync(
+    contender: Contender,
+    open_sync: Callable[[BenchTarget], SyncCycler],
+    plan: _Plan,
+    prefix: str,
+) -> list[ContenderResult]:
+    cycler = open_sync(plan.target)
+    try:
+        out = []
+        for scenario in plan.scenarios:
+            plan.progress(f"{prefix}{contender.label}: {scenario.label}")
+            keys, owners = plan.workload(contender, scenario)
+            warm_end, end = plan.deadlines_ns()
+            samples = _in_threads(cycler.cycle, keys, owners, warm_end, end)
+            out.append(_summarize(contender, scenario, samples, warm_end, time.process_time()))
+        return out
+    finally:
+        cycler.close()
+
+
+def _in_threads(
+    cycle: Callable[[str, str], bool],
+    keys: list[list[str]],
+    owners: list[str],
+    warm_end_ns: int,
+    end_ns: int,
+) -> list[_TaskSample]:
+    """One thread per task, all sharing ``cycle``; the first error is raised here."""
+    samples: list[_TaskSample | None] = [None] * len(keys)
+    errors: list[BaseException] = []
+
+    def work(task: int) -> None:
+        try:
+            samples[task] = _sync_task(cycle, keys[task], owners[task], warm_end_ns, end_ns)
+        except BaseException as exc:  # noqa: BLE001 (handed to the calling thread, raised there)
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=work, args=(task,), name=f"leasekit-bench-{task}", daemon=True)
+        for task in range(len(keys))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [sample for sample in samples if sample is not None]
+
+
+def _summarize(
+    contender: Contender,
+    scenario: Scenario,
+    samples: Sequence[_TaskSample],
+    start_ns: int,
+    cpu_end_s: float,
+) -> ContenderResult:
+    latencies = sorted(itertools.chain.from_iterable(s.latencies_ns for s in samples))
+    cycles = sum(s.cycles for s in samples)
+    denied = sum(s.denied for s in samples)
+    elapsed_s = max(1, max(s.finished_ns for s in samples) - start_ns) / 1e9
+    # Process CPU time from the first task leaving warmup to the end of the scenario.
+    cpu_s = cpu_end_s - min(s.cpu_start_s for s in samples)
+    return ContenderResult(
+        contender.id,
+        contender.label,
+        contender.role,
+        contender.mode,
+        scenario.name,
+        scenario.tasks,
+        attempts=len(latencies),
+        cycles=cycles,
+        denied=denied,
+        seconds=round(elapsed_s, 4),
+        cycles_per_s=round(cycles / elapsed_s, 1),
+        denied_per_s=round(denied / elapsed_s, 1),
+        p50_ms=round(_percentile(latencies, 0.50) / 1e6, 4),
+        p99_ms=round(_percentile(latencies, 0.99) / 1e6, 4),
+        cpu_us=round(cpu_s / max(1, len(latencies)) * 1e6, 1),
+    )
+
+
+def _percentile(ordered: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (0 when empty)."""
+    if not ordered:
+        return 0.0
+    return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+
+
+def _with_ratios(results: list[ContenderResult]) -> list[ContenderResult]:
+    floors = {
+        r.scenario: r.cycles_per_s
+        for r in results
+        if r.role == "floor" and r.error is None and r.cycles_per_s > 0
+    }
+    out = []
+    for r in results:
+        floor = floors.get(r.scenario)
+        ratio = None if floor is None or r.error is not None else round(r.cycles_per_s / floor, 3)
+        out.append(replace(r, ratio_to_floor=ratio))
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _redact(url: str) -> str:
+    """``url`` with any password replaced, fit for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
+
+
+# -- the table ---------------------------------------------------------------------------
+
+
+def render_table(report: BenchReport) -> Table:
+    """The report as a rich table: one section per scenario, one row per contender."""
+    from rich.markup import escape  # noqa: PLC0415 (rich loads only when a table is drawn)
+    from rich.table import Table  # noqa: PLC0415
+
+    contended = any(SCENARIOS[s].shared_key for s in report.scenarios)
+    server = f" ({report.server})" if report.server else ""
+    fastest = f", fastest of {report.rounds} rounds" if report.rounds > 1 else ""
+    machine = report.machine
+    table = Table(
+        title=escape(
+            f"leasekit bench {report.url}{server}: {report.seconds:g} s per scenario "
+            f"after {report.warmup_s:g} s warmup{fastest}"
+        ),
+        title_justify="left",
+        caption=escape(_caption(report, machine)),
+        caption_justify="left",
+    )
+    table.add_column("scenario")
+    table.add_column("contender")
+    for name in ("cycles/s", "p50 ms", "p99 ms", "CPU us", "x floor"):
+        table.add_column(name, justify="right")
+    if contended:
+        table.add_column("denied/s", justify="right")
+    for scenario in report.scenarios:
+        rows = [r for r in report.results if r.scenario == scenario]
+        for index, r in enumerate(rows):
+            first = SCENARIOS[scenario].label if index == 0 else ""
+            name = escape(r.label)
+            if r.role == "leasekit":
+                name = f"[bold]{name}[/bold]"
+            elif r.role == "floor":
+                name = f"{name} [dim](floor)[/dim]"
+            if r.error is not None:
+                cells = [f"[red]failed: {escape(r.error)}[/red]", "", "", "", ""]
+            else:
+                ratio = "-" if r.ratio_to_floor is None else f"{r.ratio_to_floor:.2f}"
+                cells = [
+                    f"{r.cycles_per_s:,.0f}",
+                    f"{r.p50_ms:.3f}",
+                    f"{r.p99_ms:.3f}",
+                    f"{r.cpu_us:,.0f}",
+                    ratio,
+                ]
+            if contended:
+                shows_denials = SCENARIOS[scenario].shared_key and r.error is None
+                cells.append(f"{r.denied_per_s:,.0f}" if shows_denials else "")
+            table.add_row(first, name, *cells, end_section=index == len(rows) - 1)
+    return table
+
+
+def _caption(report: BenchReport, machine: dict[str, Any]) -> str:
+    lines = [
+        "cycle = acquire without waiting + release; cycles/s counts successful cycles; "
+        "latency and CPU us (this process's CPU time) per attempt; "
+        "x floor = cycles/s over the raw driver's",
+        "async contenders run asyncio tasks on one loop; sync ones one thread per task, "
+        "sharing one client",
+        f"{machine.get('python')} on {machine.get('cpu')} x{machine.get('cpus')}",
+    ]
+    lines.extend(
+        f"floor ({c['label']}): {c['how']}" for c in report.contenders if c["role"] == "floor"
+    )
+    lines.extend(f"skipped {s['label']}: {s['reason']}" for s in report.skipped)
+    lines.extend(report.notes)
+    return "\n".join(lines)

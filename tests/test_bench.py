@@ -1,0 +1,313 @@
+"""``leasekit bench``: the report's shape, never its timings.
+
+Runs are a fraction of a second per scenario, driven as a user drives the command (a
+subprocess), against ``memory://``, a SQLite file and the harness's Redis. Nothing
+here compares rates between contenders: on a shared machine that would be flaky.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import free_port
+
+import leasekit
+from leasekit._bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
+from leasekit._bench import _core as bench_core
+
+SHORT = ("--seconds", "0.15")
+REPORT_KEYS = {
+    "url",
+    "scheme",
+    "namespace",
+    "server",
+    "seconds",
+    "warmup_s",
+    "rounds",
+    "ttl_ms",
+    "machine",
+    "scenarios",
+    "contenders",
+    "results",
+    "skipped",
+    "notes",
+}
+RESULT_KEYS = {
+    "contender",
+    "label",
+    "role",
+    "mode",
+    "scenario",
+    "tasks",
+    "attempts",
+    "cycles",
+    "denied",
+    "seconds",
+    "cycles_per_s",
+    "denied_per_s",
+    "p50_ms",
+    "p99_ms",
+    "cpu_us",
+    "ratio_to_floor",
+    "round_cycles_per_s",
+    "error",
+}
+# Redis peers by id, and the module each needs.
+REDIS_PEERS = {
+    "redis-py-lock-async": "redis",
+    "redis-py-lock-sync": "redis",
+    "python-redis-lock": "redis_lock",
+    "tooz": "tooz",
+}
+SYNC_PEERS = {"redis-py-lock-sync", "python-redis-lock", "tooz"}
+
+
+def leasekit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leasekit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def bench_json(url: str, *args: str) -> dict[str, Any]:
+    run = leasekit_cli("bench", url, *SHORT, "--json", *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report: dict[str, Any] = json.loads(run.stdout)
+    assert set(report) == REPORT_KEYS
+    for result in report["results"]:
+        assert set(result) == RESULT_KEYS
+    return report
+
+
+def rows(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["contender"], r["scenario"]): r for r in report["results"]}
+
+
+def assert_measured(result: dict[str, Any]) -> None:
+    """Numbers that any working contender produces, however slow the machine."""
+    assert result["error"] is None, result
+    assert result["cycles"] > 0
+    assert result["cycles_per_s"] > 0
+    assert result["attempts"] == result["cycles"] + result["denied"]
+    assert 0 < result["p50_ms"] <= result["p99_ms"]
+    assert result["cpu_us"] > 0
+    assert len(result["round_cycles_per_s"]) == 1
+    if SCENARIOS[result["scenario"]].shared_key:
+        assert result["denied_per_s"] >= 0
+    else:
+        assert result["denied"] == 0  # every task has keys of its own
+
+
+def test_memory_reports_leasekit_in_every_scenario() -> None:
+    report = bench_json("memory://")
+    assert report["scheme"] == "memory"
+    assert report["scenarios"] == [
+        {"name": "single", "label": "1 task", "tasks": 1, "shared_key": False},
+        {"name": "concurrent", "label": "64 tasks", "tasks": 64, "shared_key": False},
+        {"name": "contended", "label": "16 tasks, 1 key", "tasks": 16, "shared_key": True},
+    ]
+    assert [(r["contender"], r["scenario"], r["tasks"]) for r in report["results"]] == [
+        ("leasekit", "single", 1),
+        ("leasekit", "concurrent", 64),
+        ("leasekit", "contended", 16),
+    ]
+    for result in report["results"]:
+        assert_measured(result)
+        assert result["ratio_to_floor"] is None  # memory:// has no raw-driver floor
+    assert report["machine"]["cpus"] >= 1
+
+
+def test_the_table_has_a_row_per_contender_and_scenario() -> None:
+    run = leasekit_cli("bench", "memory://", *SHORT)
+    assert run.returncode == 0, run.stderr
+    for text in ("leasekit bench memory://", "1 task", "64 tasks", "16 tasks", "cycles/s"):
+        assert text in run.stdout
+
+
+def test_scenarios_and_rounds_are_chosen_on_the_command_line() -> None:
+    report = bench_json("memory://", "--scenarios", "contended", "single", "--rounds", "2")
+    assert [r["scenario"] for r in report["results"]] == ["contended", "single"]
+    assert report["rounds"] == 2
+    for result in report["results"]:
+        rates = result["round_cycles_per_s"]
+        assert len(rates) == 2
+        assert result["cycles_per_s"] == max(rates)  # each row is its fastest round
+
+
+def test_sqlite_has_a_raw_sqlite3_floor_and_drops_its_table(tmp_path: Path) -> None:
+    path = tmp_path / "bench.db"
+    report = bench_json(f"sqlite:///{path}", "--scenarios", "single", "contended")
+    measured = rows(report)
+    assert set(measured) == {
+        (contender, scenario)
+        for contender in ("leasekit", "sqlite-raw")
+        for scenario in ("single", "contended")
+    }
+    for result in measured.values():
+        assert result["error"] is None, result
+        assert result["cycles_per_s"] > 0
+    assert measured["sqlite-raw", "single"]["ratio_to_floor"] == 1.0
+    assert measured["leasekit", "single"]["ratio_to_floor"] > 0
+    with sqlite3.connect(path) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert "leasekit_bench_floor" not in tables
+    assert "leasekit_leases" in tables
+
+
+def test_redis_measures_leasekit_the_floor_and_every_installed_peer(redis_url: str) -> None:
+    import redis  # noqa: PLC0415 (the Redis tests' own dependency)
+
+    report = bench_json(redis_url)
+    assert report["server"].startswith(("redis ", "valkey "))
+    installed = {peer for peer, module in REDIS_PEERS.items() if importlib.util.find_spec(module)}
+    expected = {"leasekit", "redis-raw", *installed}
+    measured = rows(report)
+    assert {contender for contender, _ in measured} == expected
+    assert {s["contender"] for s in report["skipped"]} == set(REDIS_PEERS) - installed
+    for skipped in report["skipped"]:
+        assert "pip install" in skipped["reason"]
+    for (contender, scenario), result in measured.items():
+        assert_measured(result)
+        assert result["ratio_to_floor"] > 0
+        sync = contender in SYNC_PEERS
+        assert result["mode"] == ("sync, one thread per task" if sync else "async")
+        if contender == "redis-raw":
+            assert result["role"] == "floor"
+            assert result["ratio_to_floor"] == 1.0
+        assert result["tasks"] == SCENARIOS[scenario].tasks
+    # Every key the run wrote is gone again, whoever wrote it.
+    with redis.Redis.from_url(redis_url) as client:
+        assert list(client.scan_iter(match=f"*{report['namespace']}*", count=1000)) == []
+
+
+def test_errors_exit_like_the_other_commands() -> None:
+    bad_url = leasekit_cli("bench", "not a url", *SHORT)
+    assert bad_url.returncode == 2
+    assert bad_url.stderr.startswith("leasekit: error:")
+    unreachable = leasekit_cli("bench", f"redis://127.0.0.1:{free_port()}/0", *SHORT)
+    assert unreachable.returncode == 3
+    assert unreachable.stderr.count("\n") == 1, unreachable.stderr  # one line, no traceback
+    unknown = leasekit_cli("bench", "memory://", "--scenarios", "sideways")
+    assert unknown.returncode == 2
+
+
+# -- the core, in process: how a backend plugs in its floor and peers --------------------
+
+
+class _DictLock:
+    """A stand-in peer: a blocking lock table shared by threads."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+        self._mutex = threading.Lock()
+
+    def cycle(self, key: str, owner: str) -> bool:
+        with self._mutex:
+            if key in self._held:
+                return False
+            self._held[key] = owner
+        with self._mutex:
+            del self._held[key]
+        return True
+
+    def close(self) -> None:
+        assert not self._held
+
+
+class _Floor:
+    async def cycle(self, key: str, owner: str) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _open_floor(target: BenchTarget) -> _Floor:
+    return _Floor()
+
+
+def test_a_scheme_plugs_in_a_floor_and_a_sync_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    cleaned: list[str] = []
+
+    async def cleanup(target: BenchTarget) -> None:
+        cleaned.append(target.namespace)
+
+    bench = SchemeBench(
+        contenders=(
+            Contender("floor", "floor", "floor", open_async=_open_floor),
+            Contender("dict-lock", "dict lock", "peer", open_sync=lambda _: _DictLock()),
+            Contender(
+                "absent",
+                "absent",
+                "peer",
+                open_sync=lambda _: _DictLock(),
+                requires=("no_such_module_here",),
+                install="pip install nothing",
+            ),
+        ),
+        cleanup=cleanup,
+    )
+    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    report = run_bench("memory://", seconds=0.05, scenarios=["single", "contended"])
+    assert cleaned == [report.namespace]
+    assert [(r.contender, r.scenario) for r in report.results] == [
+        ("leasekit", "single"),
+        ("leasekit", "contended"),
+        ("floor", "single"),
+        ("floor", "contended"),
+        ("dict-lock", "single"),
+        ("dict-lock", "contended"),
+    ]
+    reason = "no_such_module_here not installed: pip install nothing"
+    assert report.skipped == ({"contender": "absent", "label": "absent", "reason": reason},)
+    for result in report.results:
+        assert result.error is None
+        assert result.cycles > 0
+        assert result.ratio_to_floor is not None
+    dict_lock = report.result("dict-lock", "contended")
+    assert dict_lock is not None
+    assert dict_lock.mode == "sync, one thread per task"
+
+
+def test_a_failing_peer_is_reported_and_a_failing_leasekit_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(target: BenchTarget) -> _DictLock:
+        raise RuntimeError("peer exploded\nsecond line")
+
+    bench = SchemeBench(contenders=(Contender("broken", "broken", "peer", open_sync=broken),))
+    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    report = run_bench("memory://", seconds=0.05, scenarios=["single"])
+    failed = report.result("broken", "single")
+    assert failed is not None
+    assert failed.error == "RuntimeError: peer exploded"
+    assert failed.cycles_per_s == 0
+    with pytest.raises(leasekit.BackendUnavailable):
+        run_bench("nosuchscheme://x", seconds=0.05)
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"),
+    [
+        ({"seconds": 0}, "seconds"),
+        ({"seconds": True}, "seconds"),
+        ({"rounds": 0}, "rounds"),
+        ({"scenarios": ["sideways"]}, "scenarios"),
+        ({"scenarios": []}, "scenarios"),
+    ],
+)
+def test_bad_arguments_raise_before_anything_runs(options: dict[str, Any], argument: str) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=argument):
+        run_bench("memory://", **options)
