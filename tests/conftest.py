@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import RedisClusterServer, RedisServer, missing_server
+from servers import PostgresServer, RedisClusterServer, RedisServer, missing_server
 
 
 @pytest.fixture
@@ -88,3 +88,135 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     """A three-primary Redis Cluster on loopback ports (about two seconds to settle)."""
     with RedisClusterServer(_redis_binary(), tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
+
+
+# -- etcd -----------------------------------------------------------------------------------
+
+from servers import EtcdCluster, EtcdServer  # noqa: E402 (the etcd section is one appended unit)
+
+ETCD_URL_ENV = "LEASEKIT_TEST_ETCD_URL"
+
+
+def _etcd_binary() -> str:
+    binary = EtcdServer.find()
+    if binary is None:
+        missing_server("etcd is not installed", EtcdServer.install_hint)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """This run's own single-member etcd (loopback, free ports, temp data dir), shared.
+
+    Do not inject faults here; take ``private_etcd_server`` for that.
+    """
+    with EtcdServer(_etcd_binary(), tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_url(request: pytest.FixtureRequest) -> str:
+    """An etcd URL to test against: ``$LEASEKIT_TEST_ETCD_URL``, else ``etcd_server``'s.
+
+    Nothing to clean up on a given server: every key the backend writes is bound to an
+    etcd lease, so what a run leaves behind is gone when the tests' TTLs (a minute at
+    most) run out.
+    """
+    url = os.environ.get(ETCD_URL_ENV, "").strip()
+    if url:
+        return url
+    server: EtcdServer = request.getfixturevalue("etcd_server")
+    return server.url
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    """A key prefix no other test (in this run or any other) uses."""
+    return f"leasekit-test-{RUN_ID}-{uuid.uuid4().hex[:8]}/"
+
+
+@pytest.fixture
+def private_etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A single-member etcd for this test alone: pause, kill or restart it freely."""
+    with EtcdServer(_etcd_binary(), tmp_path / "etcd") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A three-member etcd cluster on loopback ports, shared: inject no faults here."""
+    with EtcdCluster(_etcd_binary(), tmp_path_factory.mktemp("etcd-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def private_etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A three-member etcd cluster for this test alone: kill, pause, restart members."""
+    with EtcdCluster(_etcd_binary(), tmp_path / "etcd-cluster") as cluster:
+        yield cluster
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+POSTGRES_URL_ENV = "LEASEKIT_TEST_POSTGRES_URL"
+
+
+def _postgres_binary() -> str:
+    binary = PostgresServer.find()
+    if binary is None:
+        missing_server("PostgreSQL is not installed", PostgresServer.install_hint)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """This run's own PostgreSQL (initdb'd now, loopback, free port, fsync off), shared.
+
+    Do not inject faults here; take ``private_postgres_server`` for that.
+    """
+    with PostgresServer(_postgres_binary(), tmp_path_factory.mktemp("postgres")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_url(request: pytest.FixtureRequest) -> str:
+    """A PostgreSQL URL: ``$LEASEKIT_TEST_POSTGRES_URL``, else ``postgres_server``'s.
+
+    Never the machine's own server on 5432 unless that variable names it.
+    """
+    url = os.environ.get(POSTGRES_URL_ENV, "").strip()
+    if url:
+        return url
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_schema(postgres_url: str) -> Iterator[str]:
+    """A schema of this run's own on ``postgres_url``, dropped with its contents at the end.
+
+    So a run against a shared server (``$LEASEKIT_TEST_POSTGRES_URL``) leaves nothing
+    behind and never meets another run's tables.
+    """
+    import psycopg  # noqa: PLC0415 (only tests that use PostgreSQL need the driver)
+    from psycopg import sql  # noqa: PLC0415
+
+    schema = f"leasekit_test_{RUN_ID}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    yield schema
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def postgres_table(postgres_schema: str) -> str:
+    """A lease table name (``schema.table``) no other test uses; created on first use."""
+    return f"{postgres_schema}.leases_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def private_postgres_server(tmp_path: Path) -> Iterator[PostgresServer]:
+    """A PostgreSQL server for this test alone: pause, kill or restart it freely."""
+    with PostgresServer(_postgres_binary(), tmp_path / "postgres") as server:
+        yield server

@@ -26,17 +26,19 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, ClassVar, NoReturn, TypeVar
+from typing import Any, BinaryIO, ClassVar, NoReturn, TypeVar
 
 import pytest
 
 __all__ = [
     "REQUIRE_SERVERS_ENV",
+    "PostgresServer",
     "RedisClusterServer",
     "RedisServer",
     "RespError",
@@ -45,6 +47,7 @@ __all__ = [
     "find_binary",
     "free_port",
     "missing_server",
+    "pg_ready",
     "resp_command",
     "servers_required",
 ]
@@ -157,6 +160,10 @@ class ServerProcess:
         """A free port to listen on; override when the server needs more than one."""
         return free_port(self.host)
 
+    def popen_kwargs(self) -> dict[str, Any]:
+        """Extra ``subprocess.Popen`` arguments (``user=`` to drop root); none by default."""
+        return {}
+
     # -- lifecycle --------------------------------------------------------------------
 
     @property
@@ -200,6 +207,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, torn down as one
+                **self.popen_kwargs(),
             )
         self._paused = False
         _RUNNING.add(self)
@@ -531,3 +539,477 @@ def _cluster_settled(info: dict[str, str], size: int) -> bool:
         and info.get("cluster_known_nodes") == str(size)
         and info.get("cluster_slots_ok") == str(RedisClusterServer.slots)
     )
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+_PG_PROTOCOL_V3 = 196608
+
+
+def _pg_startup_packet(user: str, database: str) -> bytes:
+    body = b"".join(
+        [
+            _PG_PROTOCOL_V3.to_bytes(4, "big"),
+            b"user\0", user.encode(), b"\0",
+            b"database\0", database.encode(), b"\0",
+            b"\0",
+        ]
+    )  # fmt: skip
+    return (len(body) + 4).to_bytes(4, "big") + body
+
+
+def pg_ready(host: str, port: int, user: str, *, timeout_s: float = 1.0) -> bool:
+    """Whether a PostgreSQL server accepts ``user`` (trust auth) and is ready for queries.
+
+    Speaks just enough of the wire protocol (a startup message, then messages until
+    ReadyForQuery or an error such as "the database system is starting up") that the
+    harness never needs the driver under test.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(_pg_startup_packet(user, user))
+            with sock.makefile("rb") as stream:
+                while True:
+                    header = stream.read(5)
+                    if len(header) < 5:
+                        return False
+                    kind, size = header[:1], int.from_bytes(header[1:], "big")
+                    stream.read(size - 4)
+                    if kind == b"Z":
+                        sock.sendall(b"X\0\0\0\4")  # Terminate
+                        return True
+                    if kind == b"E":
+                        return False
+    except OSError:
+        return False
+
+
+def _unprivileged_account() -> tuple[int, int] | None:
+    """``(uid, gid)`` to run PostgreSQL as when we are root (it refuses to run as root).
+
+    The ``postgres`` account that Debian's packages create, else ``nobody``; ``None``
+    when we are not root and need not switch.
+    """
+    if os.geteuid() != 0:
+        return None
+    import pwd  # noqa: PLC0415 (POSIX only, and only needed as root)
+
+    for name in ("postgres", "nobody"):
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return entry.pw_uid, entry.pw_gid
+    raise ServerStartError(
+        "running as root, and neither a 'postgres' nor a 'nobody' account exists to run "
+        "PostgreSQL as (it refuses to run as root); create one, e.g. useradd postgres"
+    )
+
+
+class PostgresServer(ServerProcess):
+    """``postgres`` with a fresh cluster of its own (``initdb``) on a loopback port.
+
+    Durability against power loss is off (``fsync=off``, ``full_page_writes=off``), while
+    ``synchronous_commit`` stays on: a killed server keeps everything it reported as
+    committed (the kernel's page cache outlives the process), which the restart tests
+    rely on. Authentication is ``trust`` for the superuser ``postgres`` on 127.0.0.1
+    only; no Unix socket is created.
+
+    Run as root, initdb and postgres run as the ``postgres`` account (or ``nobody``), and
+    the data directory is a fresh temp dir owned by it (``workdir`` itself may sit under
+    a root-only directory, such as pytest's); the log stays in ``workdir``. The data
+    directory survives :meth:`restart` and is removed by :meth:`stop`.
+    """
+
+    name = "postgres"
+    install_hint = "apt-get install postgresql"
+    start_timeout_s = 30.0
+    superuser = "postgres"
+    database = "postgres"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        extra_settings: dict[str, str] | None = None,
+    ) -> None:
+        self.initdb_binary = str(Path(binary).resolve().with_name("initdb"))
+        self.extra_settings = dict(extra_settings or {})
+        self.account = _unprivileged_account()
+        self.data_dir: Path | None = None
+        super().__init__(binary, workdir, port=port)
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        if self.account is None:
+            return {}
+        uid, gid = self.account
+        return {"user": uid, "group": gid, "extra_groups": []}
+
+    def _make_data_dir(self) -> Path:
+        if self.account is None:
+            data_dir = self.workdir / "data"
+            data_dir.mkdir(mode=0o700)
+            return data_dir
+        data_dir = Path(tempfile.mkdtemp(prefix="leasekit-pg-"))  # mode 0700
+        os.chown(data_dir, *self.account)
+        return data_dir
+
+    def _initdb(self) -> Path:
+        data_dir = self._make_data_dir()
+        self.data_dir = data_dir
+        with self.log_path.open("ab") as log:
+            done = subprocess.run(
+                [
+                    self.initdb_binary,
+                    "--pgdata", str(data_dir),
+                    "--username", self.superuser,
+                    "--auth", "trust",
+                    "--encoding", "UTF8",
+                    "--locale", "C",
+                    "--no-sync",
+                ],
+                cwd=data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+                **self.popen_kwargs(),
+            )  # fmt: skip
+        if done.returncode != 0:
+            raise ServerStartError(f"initdb exited with code {done.returncode}\n{self.log_tail()}")
+        return data_dir
+
+    def start(self) -> None:
+        fresh = self.data_dir is None
+        try:
+            if fresh:
+                self._initdb()
+            super().start()
+        except BaseException:
+            if fresh:  # leave no data dir behind (a restart keeps its data for a retry)
+                self.stop()
+            raise
+
+    def argv(self) -> list[str]:
+        assert self.data_dir is not None
+        settings = {
+            "listen_addresses": self.host,
+            "port": str(self.port),
+            "unix_socket_directories": "",
+            "fsync": "off",
+            "full_page_writes": "off",
+            "max_connections": "300",
+            "shared_buffers": "128MB",
+            **self.extra_settings,
+        }
+        argv = [self.binary, "-D", str(self.data_dir)]
+        for name, value in settings.items():
+            argv += ["-c", f"{name}={value}"]
+        return argv
+
+    def probe(self) -> bool:
+        return pg_ready(self.host, self.port, self.superuser)
+
+    # Each backend makes itself a process group leader (setsid), so signalling the
+    # postmaster's group reaches the postmaster alone: faults signal every process.
+
+    def _backends(self) -> list[int]:
+        """The pids of the postmaster's children (backends, background workers), Linux only."""
+        parent = self.pid
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # "pid (comm) state ppid ...": comm may contain spaces; split after it.
+                if int(stat.read_text().rpartition(")")[2].split()[1]) == parent:
+                    found.append(int(stat.parent.name))
+        return found
+
+    def _signal_backends(self, pids: Iterable[int], sig: signal.Signals) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def pause(self) -> None:
+        """Freeze the postmaster and every backend (SIGSTOP): nothing answers."""
+        super().pause()  # the postmaster first, so it forks nothing new meanwhile
+        self._signal_backends(self._backends(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_backends(self._backends(), signal.SIGCONT)
+        super().resume()
+
+    def kill(self) -> None:
+        """Crash the server: SIGKILL to the postmaster and every backend at once."""
+        backends = self._backends()
+        self._signal_backends(backends, signal.SIGKILL)
+        super().kill()
+        self._signal_backends(backends, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown, then the base class's escalation), remove its data."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            self._signal_backends(self._backends(), signal.SIGCONT)
+            self._signal_group(process, signal.SIGCONT)
+            self._signal_group(process, signal.SIGINT)  # fast shutdown: ends every session
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(self.stop_timeout_s)
+        super().stop()
+        data_dir, self.data_dir = self.data_dir, None
+        if data_dir is not None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.superuser}@{self.host}:{self.port}/{self.database}"
+
+    @classmethod
+    def find(cls) -> str | None:
+        """The ``postgres`` binary: on PATH, or the newest in Debian's versioned dirs."""
+        # Debian keeps each major version's binaries out of PATH.
+        versioned = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
+            reverse=True,
+        )
+        found = find_binary("postgres", versioned)
+        if found is None or not Path(found).resolve().with_name("initdb").is_file():
+            return None
+        return found
+
+
+# -- etcd ---------------------------------------------------------------------------------
+
+__all__ += ["EtcdCluster", "EtcdServer", "etcd_http"]
+
+
+def etcd_http(
+    host: str,
+    port: int,
+    path: str,
+    body: dict[str, object] | None = None,
+    *,
+    timeout_s: float = 5.0,
+) -> dict[str, object]:
+    """Call etcd's HTTP API (``/health``, or the ``/v3/...`` JSON gateway) and decode it.
+
+    A dependency-free client for the harness itself (readiness, leader, lease counts),
+    so starting a server never needs the driver under test. The gateway answers
+    64-bit numbers as strings and keys as base64.
+    """
+    import json  # noqa: PLC0415 (only the etcd harness needs these)
+    import urllib.request  # noqa: PLC0415
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=data, method="GET" if data is None else "POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        decoded: dict[str, object] = json.loads(response.read() or b"{}")
+        return decoded
+
+
+class EtcdServer(ServerProcess):
+    """One ``etcd`` member on loopback client and peer ports, its data in ``workdir/data``.
+
+    Alone by default (a one-member cluster). :class:`EtcdCluster` passes
+    ``initial_cluster`` and fixed ports to make it one of several; its members are
+    ready when their client port answers (``/version``), a single node when it is
+    healthy (has a leader). Data is persisted (``--data-dir``), so a restart keeps
+    every key, lease and revision.
+    """
+
+    name = "etcd"
+    install_hint = "apt-get install etcd-server"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        peer_port: int | None = None,
+        member_name: str = "leasekit0",
+        initial_cluster: str | None = None,
+        cluster_token: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.member_name = member_name
+        self.cluster_token = cluster_token
+        self.peer_port = peer_port if peer_port is not None else free_port()
+        self.initial_cluster = initial_cluster
+        self.extra_args = list(extra_args)
+        super().__init__(binary, workdir, port=port)
+
+    def pick_port(self) -> int:
+        while True:
+            port = free_port(self.host)
+            if port != self.peer_port:
+                return port
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    def argv(self) -> list[str]:
+        cluster = self.initial_cluster or f"{self.member_name}={self.peer_url}"
+        return [
+            self.binary,
+            "--name", self.member_name,
+            "--data-dir", str(self.workdir / "data"),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", cluster,
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.cluster_token or f"leasekit-{self.peer_port}",
+            "--logger", "zap",
+            "--log-outputs", "stderr",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def probe(self) -> bool:
+        try:
+            if self.initial_cluster is not None:
+                return "etcdserver" in etcd_http(self.host, self.port, "/version", timeout_s=1.0)
+            return self.healthy()
+        except (OSError, ValueError):
+            return False
+
+    def healthy(self, timeout_s: float = 1.0) -> bool:
+        """Whether the member has a leader and serves (``/health``)."""
+        try:
+            reply = etcd_http(self.host, self.port, "/health", timeout_s=timeout_s)
+        except (OSError, ValueError):
+            return False
+        return reply.get("health") == "true"
+
+    def status(self, timeout_s: float = 2.0) -> dict[str, object]:
+        """``Maintenance.Status`` of this member: its ``header.member_id``, ``leader``, ..."""
+        return etcd_http(self.host, self.port, "/v3/maintenance/status", {}, timeout_s=timeout_s)
+
+    def member_id(self) -> int:
+        header = self.status()["header"]
+        assert isinstance(header, dict), header
+        return int(header["member_id"])
+
+    def lease_ids(self) -> list[int]:
+        """Every etcd lease in the cluster (``LeaseLeases``), as this member reports them."""
+        reply = etcd_http(self.host, self.port, "/v3/lease/leases", {})
+        leases = reply.get("leases") or []
+        assert isinstance(leases, list), reply
+        return sorted(int(lease["ID"]) for lease in leases)
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.host}:{self.port}"
+
+    @classmethod
+    def find(cls) -> str | None:
+        return find_binary("etcd")
+
+
+class EtcdCluster:
+    """A cluster of ``size`` etcd members on loopback ports, each with its own data dir.
+
+    :meth:`start` launches every member at once (none can become healthy alone) and
+    returns when all of them report a healthy cluster with one leader. Inject faults
+    per member (``cluster.members[i].pause()``, ``.kill()``, ``.restart()``) or on the
+    leader (:meth:`leader`).
+    """
+
+    start_timeout_s = 30.0
+
+    def __init__(self, binary: str, workdir: Path, *, size: int = 3) -> None:
+        ports: list[int] = []
+        while len(ports) < 2 * size:
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        clients, peers = ports[:size], ports[size:]
+        names = [f"m{i}" for i in range(size)]
+        cluster = ",".join(
+            f"{name}=http://{LOOPBACK}:{peer}" for name, peer in zip(names, peers, strict=True)
+        )
+        self.members = [
+            EtcdServer(
+                binary,
+                Path(workdir) / name,
+                port=client,
+                peer_port=peer,
+                member_name=name,
+                initial_cluster=cluster,
+                cluster_token=f"leasekit-{peers[0]}",
+            )
+            for name, client, peer in zip(names, clients, peers, strict=True)
+        ]
+
+    @property
+    def url(self) -> str:
+        """``etcd://`` with every member's client address."""
+        return "etcd://" + ",".join(f"{m.host}:{m.port}" for m in self.members)
+
+    def start(self) -> None:
+        try:
+            for member in self.members:
+                member._spawn()  # all at once: a member cannot become ready alone
+            for member in self.members:
+                member._wait_ready()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def live_members(self) -> list[EtcdServer]:
+        return [m for m in self.members if m.running and not m.paused]
+
+    def wait_healthy(self, timeout_s: float | None = None) -> EtcdServer:
+        """Wait until every live member is healthy and they agree on a leader; return it."""
+        deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            try:
+                leader = self.leader()
+                if leader is not None and all(m.healthy() for m in self.live_members()):
+                    return leader
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"{m.member_name}: {m.log_tail(5)}" for m in self.members)
+                raise ServerStartError(f"etcd cluster did not settle\n{logs}")
+            time.sleep(0.05)
+
+    def leader(self) -> EtcdServer | None:
+        """The member the live members agree is the leader, or None while they do not."""
+        live = self.live_members()
+        ids = {m.member_id(): m for m in live}
+        leaders = {int(str(m.status()["leader"])) for m in live}
+        if len(leaders) != 1:
+            return None
+        return ids.get(leaders.pop())
+
+    def stop(self) -> None:
+        # SIGKILL: the data dirs are thrown away, and a member asked to stop politely
+        # may first spend seconds trying to hand leadership to peers that are gone.
+        for member in self.members:
+            if member.running:
+                member.kill()
+            member.stop()
+
+    def __enter__(self) -> EtcdCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
