@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -353,12 +354,17 @@ def _check(args: argparse.Namespace) -> int:
         "pytest",
         "-p",
         "leasekit_contract",
+        # A check of a store leaves nothing behind in the directory it was run from.
+        "-p",
+        "no:cacheprovider",
         "--leasekit-url",
         args.url,
         "-q",
         *args.pytest_args,
     ]
-    return subprocess.call(command)  # noqa: S603 (our own interpreter, arguments as a list)
+    with tempfile.TemporaryDirectory(prefix="leasekit-check-") as scratch:
+        env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": scratch}
+        return subprocess.call(command, env=env)  # noqa: S603 (our interpreter, list args)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -384,20 +390,21 @@ def _bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _dispatch(args: argparse.Namespace) -> int:  # noqa: PLR0911 (one return per command)
-    if args.command == "demo":
-        return asyncio.run(_demo(args))
-    if args.command == "backends":
-        return _backends(args)
-    if args.command == "inspect":
-        return asyncio.run(_inspect(args))
-    if args.command == "check":
-        return _check(args)
-    if args.command == "migrate":
-        return asyncio.run(_migrate(args))
-    if args.command == "bench":
-        return _bench(args)
-    return asyncio.run(_lease_command(args))
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": lambda args: asyncio.run(_demo(args)),
+    "backends": _backends,
+    "inspect": lambda args: asyncio.run(_inspect(args)),
+    "check": _check,
+    "migrate": lambda args: asyncio.run(_migrate(args)),
+    "bench": _bench,
+}
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    command = _COMMANDS.get(args.command)
+    if command is None:  # acquire, owner, renew, release, transfer
+        return asyncio.run(_lease_command(args))
+    return command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -177,3 +177,23 @@ def test_find_overlaps_flags_two_owners_at_once_only() -> None:
 def test_find_overlaps_flags_tokens_out_of_time_order() -> None:
     _, disorder = find_overlaps([_h("a", 0, 1, 5), _h("b", 2, 3, 4)])
     assert [(x.token, y.token) for x, y in disorder] == [(4, 5)]
+
+
+def test_check_runs_the_conformance_suite_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "leasekit", "check", "memory://", "-k", "release"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert " passed" in run.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_of_an_unknown_scheme_fails() -> None:
+    run = leasekit("check", "nosuchscheme://x")
+    assert run.returncode != 0
+    assert "nosuchscheme" in run.stdout + run.stderr
