@@ -32,7 +32,7 @@ def fenced_blocks(path: Path) -> list[tuple[str, str]]:
 
 
 def doc_files() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.rglob("*.md"))]
 
 
 def python_blocks() -> list[pytest.ParameterSet]:
