@@ -967,3 +967,80 @@ def test_the_scale_benchmark_runs_on_a_small_table(postgres_url: str, postgres_s
     with admin(postgres_url) as conn:
         row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
     assert row == (None,)  # dropped at the end
+
+
+# -- prepared statements and per-call deadlines -------------------------------------------------
+
+
+@pytest.mark.parametrize("own_pool", [False, True], ids=["built-pool", "callers-pool"])
+async def test_preparing_every_statement_still_creates_a_fresh_table(
+    postgres_url: str, postgres_table: str, own_pool: bool
+) -> None:
+    # The schema is several commands in one string, which PostgreSQL cannot prepare:
+    # it must go out unprepared even when psycopg prepares everything from the start.
+    if not own_pool:
+        async with PostgresLeaseProvider.from_url(
+            postgres_url, table=postgres_table, prepare_threshold=0
+        ) as provider:
+            await exercise_every_operation(provider, "k")
+        return
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        postgres_url,
+        kwargs={"autocommit": True, "prepare_threshold": 0},
+        min_size=1,
+        max_size=1,
+        open=False,
+    )
+    await pool.open()
+    try:
+        provider = PostgresLeaseProvider(pool, table=postgres_table)
+        await exercise_every_operation(provider, "k")  # the first operation creates it
+        await provider.aclose()
+    finally:
+        await pool.close()
+
+
+async def test_calls_stalled_at_different_moments_each_fail_at_their_own_deadline(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    # One timer serves every call of a provider: it must re-arm for each later call.
+    timeout_s = 0.5
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        with_query(postgres_url, application_name=app_name),
+        kwargs={"autocommit": True},
+        min_size=1,
+        max_size=4,
+        open=False,
+    )
+    await pool.open()
+    async with PostgresLeaseProvider(pool, table=postgres_table, timeout_s=timeout_s) as p:
+        assert (await p.acquire_lease("k", "a", LONG_MS)).acquired
+
+        async def stalled_call() -> float:
+            started = time.monotonic()
+            with pytest.raises(leasekit.LeaseBackendError, match="no answer"):
+                await p.renew_lease("k", "a", LONG_MS)
+            return time.monotonic() - started
+
+        with admin(postgres_url) as other:
+            other.execute("BEGIN")
+            other.execute(
+                sql.SQL("SELECT * FROM {} WHERE key = 'k' FOR UPDATE").format(
+                    identifier(postgres_table)
+                )
+            )
+            first = asyncio.ensure_future(stalled_call())
+            await asyncio.sleep(timeout_s / 2)
+            second = asyncio.ensure_future(stalled_call())
+            # A call that is not stalled answers meanwhile, and frees its slot in time.
+            assert (await p.acquire_lease("free", "a", LONG_MS)).acquired
+            elapsed = await asyncio.gather(first, second)
+            assert all(timeout_s * 0.9 <= s < timeout_s + SLACK_S for s in elapsed), elapsed
+            await eventually(
+                lambda: backends_of(postgres_url, app_name, waiting=True) == 0,
+                "the abandoned statements to be cancelled",
+            )
+            other.execute("ROLLBACK")
+        assert await p.get_lease_owner("k") == "a"
+        await exercise_every_operation(p, "after")
+    await pool.close()

@@ -10,25 +10,28 @@ Each call runs in a task of its own that the caller awaits for at most ``timeout
 Psycopg answers a cancelled query by sending the server a cancel request and waiting
 for the query to end, which a frozen or unreachable server can draw out; the caller
 never waits for that: a late call is abandoned (cancelled, finishing in the
-background) and the caller gets :class:`~leasekit.LeaseBackendError` on time.
+background) and the caller gets :class:`~leasekit.LeaseBackendError` on time. The
+task hands its outcome to a future the caller awaits, and one timer per provider
+(``_Deadlines``) fails that future at the deadline: no per-call timer or
+``asyncio.wait``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
@@ -170,6 +173,7 @@ class PostgresLeaseProvider:
         self._writes = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()
+        self._deadlines = _Deadlines(self.timeout_s)
 
     @property
     def client(self) -> PostgresClient:
@@ -279,29 +283,28 @@ class PostgresLeaseProvider:
         if self._closed:
             raise LeaseProviderClosed(_BACKEND)
         loop = asyncio.get_running_loop()
-        progress = _Progress()
+        call: _Call[_T] = _Call(loop.create_future())
         task = loop.create_task(
-            self._attempt(op, progress, idempotent=idempotent, check_schema=check_schema)
+            self._attempt(op, call, idempotent=idempotent, check_schema=check_schema)
         )
+        self._deadlines.start(loop, call)
         try:
-            done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
-        except BaseException:
-            self._abandon(task)  # the caller was cancelled: so is the call
-            raise
-        if not done:
+            result = await call.waiter
+        except _Overdue:
             self._abandon(task)
-            if progress.connected:
-                what = "no answer from the server"
-            else:
-                # psycopg_pool logs why connecting failed (logger "psycopg.pool").
-                what = "no connection to the server"
+            # Without a connection, psycopg_pool logs why connecting failed ("psycopg.pool").
+            what = "no answer from the server" if call.connected else "no connection to the server"
             raise LeaseBackendError(
                 f"{what} within {self.timeout_s:g} s{self._where()}", backend=_BACKEND, key=key
-            )
-        try:
-            result = task.result()
+            ) from None
         except (psycopg.Error, OSError) as exc:
             raise self._translate(exc, key) from exc
+        except BaseException:
+            if not task.done():
+                self._abandon(task)  # the caller was cancelled: so is the call
+            raise
+        finally:
+            call.closed = True
         if write and self.sweep_every:
             self._writes += 1
             if self._writes >= self.sweep_every and self._sweeper is None:
@@ -331,15 +334,38 @@ class PostgresLeaseProvider:
         task.add_done_callback(_consume_outcome)
 
     async def _attempt(
-        self, op: _Operation[_T], progress: _Progress, *, idempotent: bool, check_schema: bool
-    ) -> _T:
-        await self._ensure_ready(progress, check_schema=check_schema)
+        self, op: _Operation[_T], call: _Call[_T], *, idempotent: bool, check_schema: bool
+    ) -> None:
+        """Run ``op`` on a connection and hand its outcome to ``call.waiter``."""
+        waiter = call.waiter
+        try:
+            if not self._ready:
+                await self._ensure_ready(call, check_schema=check_schema)
+            result = await self._on_connection(op, call, idempotent=idempotent)
+        except asyncio.CancelledError:
+            waiter.cancel()  # abandoned: the caller has had its answer (or was cancelled)
+            raise
+        except Exception as exc:  # noqa: BLE001 (handed to the caller, who raises it)
+            if not waiter.done():
+                waiter.set_exception(exc)
+        else:
+            if not waiter.done():
+                waiter.set_result(result)
+
+    async def _on_connection(self, op: _Operation[_T], call: _Call[Any], *, idempotent: bool) -> _T:
         retried = False
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                async with self._connection() as conn:
-                    progress.connected = True
+                if self._pool is None:
+                    conn = self._own_connection()
+                    call.connected = True
+                    return await op(conn)
+                # The pool's context commits if a caller's pool hands out a connection
+                # that is not in autocommit mode (one round trip more), and replaces
+                # broken ones.
+                async with self._pool.connection() as conn:
+                    call.connected = True
                     return await op(conn)
             except psycopg.OperationalError as exc:
                 lost = conn is not None and (conn.closed or conn.broken)
@@ -351,17 +377,11 @@ class PostgresLeaseProvider:
                 # may or may not have run; every retried operation is idempotent.
                 _log.info("connection lost (%s); retrying once on a fresh one", exc)
                 retried = True
-                progress.connected = False
+                call.connected = False
                 await self._pool.check()
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if self._pool is not None:
-            # The pool's context commits if a caller's pool hands out a connection that
-            # is not in autocommit mode (one round trip more), and replaces broken ones.
-            async with self._pool.connection() as conn:
-                yield conn
-            return
+    def _own_connection(self) -> psycopg.AsyncConnection[Any]:
+        """The caller's single connection, still in autocommit mode."""
         conn = self._conn
         assert conn is not None
         if not conn.autocommit:
@@ -369,9 +389,9 @@ class PostgresLeaseProvider:
                 "the connection left autocommit mode; leasekit needs it on",
                 backend=_BACKEND,
             )
-        yield conn
+        return conn
 
-    async def _ensure_ready(self, progress: _Progress, *, check_schema: bool) -> None:
+    async def _ensure_ready(self, call: _Call[Any], *, check_schema: bool) -> None:
         """Open the pool we built, and once per provider check (or create) the schema."""
         if self._ready:
             return
@@ -382,24 +402,32 @@ class PostgresLeaseProvider:
                 await self._pool.open()
             if not check_schema:
                 return
-            async with self._connection() as conn:
-                progress.connected = True
-                version = await self._schema_version(conn)
-                if version != _sql.SCHEMA_VERSION:
-                    if version is not None and version > _sql.SCHEMA_VERSION:
-                        raise LeaseBackendError(
-                            f"table {self.table} has schema version {version}, newer than "
-                            f"this leasekit's ({_sql.SCHEMA_VERSION}); upgrade leasekit",
-                            backend=_BACKEND,
-                        )
-                    if not self.create_schema:
-                        raise LeaseBackendError(
-                            f"table {self.table} is missing or outdated (create_schema is "
-                            "off); run `leasekit migrate URL` as a role that may create it",
-                            backend=_BACKEND,
-                        )
-                    await self._migrate_on(conn)
+            if self._pool is None:
+                await self._check_schema(self._own_connection(), call)
+            else:
+                async with self._pool.connection() as conn:
+                    await self._check_schema(conn, call)
             self._ready = True
+
+    async def _check_schema(self, conn: psycopg.AsyncConnection[Any], call: _Call[Any]) -> None:
+        """Create the schema if it is missing (and allowed); refuse a newer one."""
+        call.connected = True
+        version = await self._schema_version(conn)
+        if version == _sql.SCHEMA_VERSION:
+            return
+        if version is not None and version > _sql.SCHEMA_VERSION:
+            raise LeaseBackendError(
+                f"table {self.table} has schema version {version}, newer than "
+                f"this leasekit's ({_sql.SCHEMA_VERSION}); upgrade leasekit",
+                backend=_BACKEND,
+            )
+        if not self.create_schema:
+            raise LeaseBackendError(
+                f"table {self.table} is missing or outdated (create_schema is "
+                "off); run `leasekit migrate URL` as a role that may create it",
+                backend=_BACKEND,
+            )
+        await self._migrate_on(conn)
 
     async def _schema_version(self, conn: psycopg.AsyncConnection[Any]) -> int | None:
         try:
@@ -413,7 +441,7 @@ class PostgresLeaseProvider:
         attempts = 3
         for attempt in range(1, attempts + 1):
             try:
-                await conn.execute(self._sql.migrate)
+                await conn.execute(self._sql.migrate, prepare=False)  # several commands
             except (  # noqa: PERF203 (the retry loop is the point)
                 psycopg.errors.UniqueViolation,
                 psycopg.errors.DuplicateTable,
@@ -519,7 +547,7 @@ class PostgresLeaseProvider:
         return moved == 1
 
     @staticmethod
-    def _rowcount(statement: sql.Composed, params: dict[str, Any]) -> _Operation[int]:
+    def _rowcount(statement: bytes, params: dict[str, Any]) -> _Operation[int]:
         async def op(conn: psycopg.AsyncConnection[Any]) -> int:
             return (await conn.execute(statement, params)).rowcount
 
@@ -649,13 +677,68 @@ class PostgresLeaseProvider:
         return f"PostgresLeaseProvider(table={self.table!r}{where}{state})"
 
 
-class _Progress:
-    """How far one call got, for the message if it runs out of time."""
+class _Overdue(Exception):
+    """A call's deadline passed: set on its waiter by ``_Deadlines``, never seen by users."""
 
-    __slots__ = ("connected",)
 
-    def __init__(self) -> None:
-        self.connected = False
+class _Call(Generic[_T]):
+    """One call in flight: the future its caller awaits, its deadline, how far it got."""
+
+    __slots__ = ("closed", "connected", "deadline", "waiter")
+
+    def __init__(self, waiter: asyncio.Future[_T]) -> None:
+        self.waiter = waiter
+        self.deadline = 0.0
+        self.connected = False  # for the message if it runs out of time
+        self.closed = False  # the caller has its answer
+
+
+class _Deadlines:
+    """The timeout of every call in flight of one provider, on a single timer.
+
+    A timer per call (``asyncio.wait(..., timeout=)``, ``asyncio.timeout()``) is armed
+    and disarmed at every operation. Every call of a provider has the same
+    ``timeout_s``, so deadlines fall due in the order the calls began: a FIFO of
+    calls, and one timer set for the oldest open one, bound them all. When it fires,
+    each overdue call's waiter fails with :class:`_Overdue`; its caller then abandons
+    the task doing the work, which finishes (cancelling its statement) in the
+    background. The Redis backend bounds its calls the same way.
+    """
+
+    __slots__ = ("_loop", "_open", "_timeout_s", "_timer")
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._open: deque[_Call[Any]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, call: _Call[Any]) -> None:
+        """Time ``call`` from now; it stops counting once ``call.closed`` is set."""
+        if loop is not self._loop:  # first use, or the provider now runs on another loop
+            self._loop, self._open, self._timer = loop, deque(), None
+        call.deadline = loop.time() + self._timeout_s
+        pending = self._open
+        # Drop the calls already answered, so the queue stays as short as the calls in
+        # flight (the timer, when it fires, would skip them too).
+        while pending and pending[0].closed:
+            pending.popleft()
+        pending.append(call)
+        if self._timer is None:
+            self._timer = loop.call_at(call.deadline, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a timer left on a loop the provider no longer runs on
+        self._timer = None
+        now = loop.time()
+        pending = self._open
+        while pending and (pending[0].closed or pending[0].deadline <= now):
+            call = pending.popleft()
+            if not call.closed and not call.waiter.done():
+                call.waiter.set_exception(_Overdue())
+        if pending:
+            self._timer = loop.call_at(pending[0].deadline, self._expire, loop)
 
 
 async def _nothing(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -663,7 +746,7 @@ async def _nothing(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def _one(
-    conn: psycopg.AsyncConnection[Any], statement: sql.Composed, params: dict[str, Any] | None
+    conn: psycopg.AsyncConnection[Any], statement: bytes, params: dict[str, Any] | None
 ) -> tuple[Any, ...]:
     row = await _optional(conn, statement, params)
     if row is None:
@@ -672,7 +755,7 @@ async def _one(
 
 
 async def _optional(
-    conn: psycopg.AsyncConnection[Any], statement: sql.Composed, params: dict[str, Any] | None
+    conn: psycopg.AsyncConnection[Any], statement: bytes, params: dict[str, Any] | None
 ) -> tuple[Any, ...] | None:
     row: tuple[Any, ...] | None = await (await conn.execute(statement, params)).fetchone()
     return row
