@@ -1,8 +1,8 @@
 """``leasekit bench``: the report's shape, never its timings.
 
 Runs are a fraction of a second per scenario, driven as a user drives the command (a
-subprocess), against ``memory://``, a SQLite file and the harness's Redis. Nothing
-here compares rates between contenders: on a shared machine that would be flaky.
+subprocess), against ``memory://``, a SQLite file and the harness's Redis and
+PostgreSQL. Nothing here compares rates between contenders: on a shared machine that would be flaky.
 """
 
 from __future__ import annotations
@@ -192,6 +192,57 @@ def test_redis_measures_leasekit_the_floor_and_every_installed_peer(redis_url: s
         assert list(client.scan_iter(match=f"*{report['namespace']}*", count=1000)) == []
 
 
+def test_postgres_measures_leasekit_the_psycopg_floor_and_tooz(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    import psycopg  # noqa: PLC0415 (the PostgreSQL tests' own dependency)
+    from psycopg import sql  # noqa: PLC0415
+
+    # leasekit's table, and so the floor's, in this run's schema; the bench strips the
+    # option before handing the URL to psycopg and tooz.
+    separator = "&" if "?" in postgres_url else "?"
+    url = f"{postgres_url}{separator}table={postgres_schema}.bench_leases"
+    # Not 64 tasks: tooz maps lock names onto 65,536 advisory locks, so two of its tasks
+    # may collide on distinct keys and see denials there.
+    report = bench_json(url, "--scenarios", "single", "contended")
+    assert report["server"].startswith("PostgreSQL ")
+    tooz = all(importlib.util.find_spec(module) for module in ("tooz", "psycopg2"))
+    measured = rows(report)
+    assert {contender for contender, _ in measured} == {
+        "leasekit",
+        "postgres-raw",
+        *(("tooz",) if tooz else ()),
+    }
+    assert [s["contender"] for s in report["skipped"]] == ([] if tooz else ["tooz"])
+    for skipped in report["skipped"]:
+        assert "pip install tooz psycopg2-binary" in skipped["reason"]
+    for (contender, _), result in measured.items():
+        assert_measured(result)
+        assert result["ratio_to_floor"] > 0
+        sync = contender == "tooz"
+        assert result["mode"] == ("sync, one thread per task" if sync else "async")
+    assert measured["postgres-raw", "single"]["role"] == "floor"
+    assert measured["postgres-raw", "single"]["ratio_to_floor"] == 1.0
+    # leasekit's rows for the run's keys are deleted, the floor's table dropped.
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        tables = {
+            name
+            for (name,) in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (postgres_schema,)
+            )
+        }
+        left = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE position(%s IN key) > 0").format(
+                sql.Identifier(postgres_schema, "bench_leases")
+            ),
+            (report["namespace"].encode(),),
+        ).fetchone()
+    assert "bench_leases" in tables
+    assert f"{report['namespace'].replace('-', '_')}_floor" not in tables
+    assert left == (0,)
+    assert bench_core._scheme_bench("postgres") is bench_core._scheme_bench("postgresql")
+
+
 def test_errors_exit_like_the_other_commands() -> None:
     bad_url = leasekit_cli("bench", "not a url", *SHORT)
     assert bad_url.returncode == 2
@@ -311,3 +362,41 @@ def test_a_failing_peer_is_reported_and_a_failing_leasekit_raises(
 def test_bad_arguments_raise_before_anything_runs(options: dict[str, Any], argument: str) -> None:
     with pytest.raises(leasekit.InvalidLeaseArgument, match=argument):
         run_bench("memory://", **options)
+
+
+def test_etcd_measures_leasekit_the_aetcd_floor_and_python_etcd3(etcd_url: str) -> None:
+    import asyncio  # noqa: PLC0415 (only this test reads etcd afterwards)
+
+    aetcd = pytest.importorskip("aetcd", reason="the etcd extra: pip install -e '.[etcd]'")
+
+    report = bench_json(etcd_url)
+    assert report["server"].startswith("etcd ")
+    etcd3 = importlib.util.find_spec("etcd3") is not None
+    measured = rows(report)
+    assert {contender for contender, _ in measured} == {
+        "leasekit",
+        "aetcd-raw",
+        *(("etcd3-lock",) if etcd3 else ()),
+    }
+    assert [s["contender"] for s in report["skipped"]] == ([] if etcd3 else ["etcd3-lock"])
+    for (contender, scenario), result in measured.items():
+        assert_measured(result)
+        assert result["ratio_to_floor"] > 0
+        sync = contender == "etcd3-lock"  # in a child process, one thread per task
+        assert result["mode"] == ("sync, one thread per task" if sync else "async")
+        assert result["tasks"] == SCENARIOS[scenario].tasks
+    assert measured["aetcd-raw", "single"]["role"] == "floor"
+    assert measured["aetcd-raw", "single"]["ratio_to_floor"] == 1.0
+
+    # Every key the run wrote is gone: leasekit's, the floor's and python-etcd3's.
+    host, _, port = etcd_url.split("://", 1)[1].split(",", maxsplit=1)[0].rpartition(":")
+
+    async def left_behind() -> list[bytes]:
+        async with aetcd.Client(host=host, port=int(port)) as client:
+            found = []
+            for prefix in ("leasekit/", "", "/locks/"):
+                got = await client.get_prefix(f"{prefix}{report['namespace']}".encode())
+                found.extend(kv.key for kv in got.kvs)
+            return found
+
+    assert asyncio.run(left_behind()) == []

@@ -2,24 +2,42 @@
 
 Each lease is one record bound to an etcd lease of its own (``_txn`` has the layout and
 the transactions). Expiry is etcd's: the leader revokes the etcd lease when its TTL
-runs out and deletes the record in the same step. Every etcd lease the provider grants
-is bound to a record or revoked before the operation returns (or, when an operation
-fails midway, revoked in the background right after), so none is left behind.
+runs out and deletes the record in the same step.
 
-Round trips per operation (RT; *w* = a write through the raft log):
+No etcd lease is left behind. Every etcd lease the provider grants ends up bound to a
+record or revoked. An operation waits only for the round trips that decide its
+answer: the etcd lease a transaction has just detached from its record (release,
+transfer, a move to a new TTL) or never bound (a denied acquire) is revoked in the
+background right after, and so is one that an operation failing midway may have left.
+Such a lease carries no record and never will (only a lease just granted is ever bound
+to one), so revoking it changes nothing but the lease count; :meth:`flush` waits for
+these revocations and :meth:`aclose` does too.
+
+Round trips per operation that the caller waits for (RT; *w* = a write through the
+raft log), then what follows in the background (bg):
 
 - acquire of a free key: grant (w), transaction (w): 2 RT.
 - acquire of a held key: the first time, grant (w), transaction (w, denied: it
-  returns the holder), revoke (w): 3 RT. The provider then remembers the key as held
-  (the last 4096 such keys), and later acquires of it look first: one linearizable
-  read, 1 RT and no write while it stays held; 3 RT (read, grant, transaction) once
-  it is free again.
+  returns the holder): 2 RT, + revoke (w, bg). The provider then remembers the key
+  as held (the last 4096 such keys), and later acquires of it look first: one
+  linearizable read, 1 RT and no write while it stays held; 3 RT (read, grant,
+  transaction) once it is free again.
 - re-acquire by the holder, same TTL: read, keep-alive: 2 RT, no write.
 - renew, same TTL: read, keep-alive: 2 RT, no write.
-- renew or re-acquire with a different TTL: + grant, transaction, revoke (3 w).
-- release: transaction (w), revoke (w): 2 RT; by a non-holder 1 RT.
-- transfer: grant (w), transaction (w), revoke (w): 3 RT.
+- renew or re-acquire with a different TTL: + grant, transaction (2 w), + revoke
+  (w, bg).
+- release: transaction (w): 1 RT, + revoke (w, bg); by a non-holder 1 RT.
+- transfer: grant (w), transaction (w): 2 RT, + revoke (w, bg).
 - get_lease_owner: one linearizable read: 1 RT.
+
+Release does not revoke the holder's etcd lease *instead* of running its transaction
+(which would save a write: revoking deletes the record bound to the lease), because
+a revoke cannot be made conditional and its reply does not say whether it deleted
+anything. Another provider using the same owner may have moved the record onto a new
+etcd lease and not yet revoked the old one (a window of one round trip, or up to a
+TTL if that revoke failed); revoking the old lease then succeeds, deletes nothing,
+and would report a release that left the key held. ``docs/backends/etcd.md`` has the
+whole argument.
 """
 
 from __future__ import annotations
@@ -297,7 +315,11 @@ class EtcdLeaseProvider:
             self._min_ttl_s = granted_s
 
     def _revoke_later(self, lease_id: int) -> None:
-        """Revoke a lease the failed operation may have left, in the background."""
+        """Revoke an etcd lease in the background; the caller does not wait for it.
+
+        Either a lease that no record is bound to (one a transaction has just
+        detached or never bound), or one that a failed operation may have left.
+        """
         members = self._members
         if members is None or self._closed:
             return
@@ -368,9 +390,23 @@ class EtcdLeaseProvider:
 
         For tests and diagnostics: leasekit leaves no etcd lease behind, so on an
         otherwise idle cluster this returns to what it was after any number of
-        operations.
+        operations. It first waits for this provider's background revocations
+        (:meth:`flush`), so that the list is settled.
         """
+        await self.flush()
         return await self._run(None, lambda op: op.lease_ids())
+
+    async def flush(self) -> None:
+        """Wait for the etcd leases this provider is revoking in the background.
+
+        Release, transfer, a denied acquire and a move to a new TTL return once their
+        transaction has decided; the etcd lease they left without a record is revoked
+        right after, off the caller's path. This waits until those revocations have
+        finished (each is bounded; one that fails leaves its empty etcd lease to end
+        at its TTL). Never raises for them.
+        """
+        while self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -379,10 +415,9 @@ class EtcdLeaseProvider:
         if self._closed:
             return
         self._closed = True
-        if self._cleanups:
-            # Let pending revocations finish: they are bounded, and they are the
-            # difference between no leaked etcd lease and one that waits out its TTL.
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        # Let pending revocations finish: they are bounded, and they are the
+        # difference between no leaked etcd lease and one that waits out its TTL.
+        await self.flush()
         if self._members is not None:
             await self._members.close()
 
@@ -559,7 +594,9 @@ class _Operation:
                     seen.add(key)
                     return LeaseResult(True, owner, token)
             else:
-                await self.revoke(lease)
+                # Never bound (the transaction took its failure branch): revoking it
+                # can delete nothing, so the answer need not wait for it.
+                self.provider._revoke_later(lease)
                 if holder_now is not None:
                     seen.add(key)
                     return LeaseResult(False, holder_now, None)
@@ -586,28 +623,33 @@ class _Operation:
 
     async def _relet_onto(self, record: bytes, owner: str, fresh: int) -> int | None:
         """Move ``owner``'s live record onto the etcd lease ``fresh`` and revoke the old
-        one; returns the (unchanged) token, or None (and revokes ``fresh``) if it ended."""
+        one; returns the (unchanged) token, or None (and revokes ``fresh``) if it ended.
+
+        Both revocations run in the background: neither lease carries a record then.
+        """
         try:
             reply = await self.txn(_txn.relet(record, owner.encode(), fresh))
         except BaseException:
             self.provider._revoke_later(fresh)
             raise
         if not reply.succeeded:
-            await self.revoke(fresh)
+            self.provider._revoke_later(fresh)
             return None
         previous = reply.responses[0].response_put.prev_kv
         if previous.lease and previous.lease != fresh:
-            await self.revoke(previous.lease)
+            self.provider._revoke_later(previous.lease)
         return previous.create_revision
 
     async def release(self, key: str, owner: str) -> None:
         record = _keys.record_name(self.prefix, key, owner)
         reply = await self.txn(_txn.release(record, owner.encode()))
         if reply.succeeded:
+            # The key is free from this transaction on. The etcd lease the record was
+            # on now carries nothing: revoking it is housekeeping, off the caller's path.
             self.provider._seen_held.discard(key)
             for kv in reply.responses[0].response_delete_range.prev_kvs:
                 if kv.lease:
-                    await self.revoke(kv.lease)
+                    self.provider._revoke_later(kv.lease)
 
     async def transfer(self, key: str, from_owner: str, to_owner: str, ttl_s: int) -> bool:
         from_record = _keys.record_name(self.prefix, key, from_owner)
@@ -621,11 +663,11 @@ class _Operation:
             self.provider._revoke_later(lease)
             raise
         if not reply.succeeded:
-            await self.revoke(lease)
+            self.provider._revoke_later(lease)  # never bound
             return False
         for kv in reply.responses[0].response_delete_range.prev_kvs:
             if kv.lease and kv.lease != lease:
-                await self.revoke(kv.lease)
+                self.provider._revoke_later(kv.lease)  # its record was just deleted
         return True
 
     async def inspect(self, key_prefix: str | None, limit: int) -> list[LeaseRecord]:

@@ -187,7 +187,11 @@ class SchemeBench:
 _SCHEMES: dict[str, str | SchemeBench] = {
     "redis": "leasekit._bench._redis:BENCH",
     "rediss": "leasekit._bench._redis:BENCH",
+    "postgresql": "leasekit._bench._postgres:BENCH",
+    "postgres": "leasekit._bench._postgres:BENCH",
     "sqlite": "leasekit._bench._sqlite:BENCH",
+    "etcd": "leasekit._bench._etcd:BENCH",
+    "etcds": "leasekit._bench._etcd:BENCH",
 }
 
 
