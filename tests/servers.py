@@ -46,6 +46,7 @@ __all__ = [
     "ServerStartError",
     "find_binary",
     "free_port",
+    "missing_extra",
     "missing_server",
     "pg_ready",
     "resp_command",
@@ -80,6 +81,21 @@ def missing_server(what: str, install: str) -> NoReturn:
     if servers_required():
         pytest.fail(f"{reason} ({REQUIRE_SERVERS_ENV}=1, so this fails instead of skipping)")
     pytest.skip(reason)
+
+
+def missing_extra(extra: str, tests: str) -> NoReturn:
+    """Skip a whole test module whose backend driver is not installed, or fail it under CI.
+
+    Call it from the ``except ImportError`` around the module's driver imports.
+    """
+    install = f"pip install -e '.[{extra}]'"
+    if servers_required():
+        pytest.fail(
+            f"{tests} need the {extra} extra: {install} "
+            f"({REQUIRE_SERVERS_ENV}=1, so this fails instead of skipping)",
+            pytrace=False,
+        )
+    pytest.skip(f"the {extra} extra is not installed: {install}", allow_module_level=True)
 
 
 def find_binary(name: str, extra_dirs: Iterable[str | Path] = ()) -> str | None:

@@ -13,23 +13,14 @@ import functools
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from servers import servers_required
+from servers import missing_extra
 
 import leasekit
 
 try:
     import psycopg
 except ImportError:  # pragma: no cover (depends on the environment)
-    if servers_required():
-        pytest.fail(
-            "the PostgreSQL tests need the postgres extra: pip install -e '.[postgres]' "
-            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the postgres extra is not installed: pip install -e '.[postgres]'",
-        allow_module_level=True,
-    )
+    missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_contract import LeaseProviderContract
 from leasekit_postgres import PostgresLeaseProvider

@@ -21,22 +21,20 @@ from typing import Any
 
 import anyio
 import pytest
-from servers import EtcdServer, etcd_http, free_port, missing_server, servers_required
+from servers import (
+    EtcdServer,
+    etcd_http,
+    free_port,
+    missing_extra,
+    missing_server,
+)
 
 import leasekit
 
 try:
     import aetcd
 except ImportError:  # pragma: no cover (depends on the environment)
-    if servers_required():
-        pytest.fail(
-            "the etcd tests need the etcd extra: pip install -e '.[etcd]' "
-            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the etcd extra is not installed: pip install -e '.[etcd]'", allow_module_level=True
-    )
+    missing_extra("etcd", "the etcd tests")
 
 from leasekit_contract import LeaseProviderContract
 from leasekit_etcd import EtcdLeaseProvider, LeaseRecord

@@ -17,22 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from servers import EtcdCluster, servers_required
+from servers import EtcdCluster, missing_extra
 
 import leasekit
 
 try:
     import aetcd  # noqa: F401 (the backend's dependency: skip cleanly without it)
 except ImportError:  # pragma: no cover (depends on the environment)
-    if servers_required():
-        pytest.fail(
-            "the etcd tests need the etcd extra: pip install -e '.[etcd]' "
-            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the etcd extra is not installed: pip install -e '.[etcd]'", allow_module_level=True
-    )
+    missing_extra("etcd", "the etcd tests")
 
 from leasekit_contract import LeaseProviderContract
 from leasekit_etcd import EtcdLeaseProvider

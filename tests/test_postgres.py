@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from servers import PostgresServer, free_port, servers_required
+from servers import PostgresServer, free_port, missing_extra
 
 import leasekit
 
@@ -32,16 +32,7 @@ try:
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 except ImportError:  # pragma: no cover (depends on the environment)
-    if servers_required():
-        pytest.fail(
-            "the PostgreSQL tests need the postgres extra: pip install -e '.[postgres]' "
-            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the postgres extra is not installed: pip install -e '.[postgres]'",
-        allow_module_level=True,
-    )
+    missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
 

@@ -18,8 +18,8 @@ from servers import (
     RedisClusterServer,
     RedisServer,
     free_port,
+    missing_extra,
     missing_server,
-    servers_required,
 )
 
 import leasekit
@@ -28,15 +28,7 @@ try:
     import redis.asyncio
     from redis.crc import key_slot
 except ImportError:  # pragma: no cover (depends on the environment)
-    if servers_required():
-        pytest.fail(
-            "the Redis tests need the redis extra: pip install -e '.[redis]' "
-            "(LEASEKIT_REQUIRE_SERVERS=1, so this fails instead of skipping)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the redis extra is not installed: pip install -e '.[redis]'", allow_module_level=True
-    )
+    missing_extra("redis", "the Redis tests")
 
 from leasekit_contract import LeaseProviderContract
 from leasekit_redis import LeaseRecord, RedisLeaseProvider
