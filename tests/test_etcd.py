@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+from scenarios import LONG_MS, exercise_every_operation
 from servers import (
     EtcdServer,
     etcd_http,
@@ -41,8 +42,8 @@ from leasekit_etcd import EtcdLeaseProvider, LeaseRecord
 
 pytestmark = pytest.mark.anyio
 
-# Leases the tests must not see expire.
-LONG_MS = 60_000
+# A renew with a new TTL in every exercise: on etcd that moves the record to a new lease.
+NEW_TTL_MS = LONG_MS + 5000
 
 
 # -- the conformance suite ---------------------------------------------------------------
@@ -86,28 +87,6 @@ def grpc_calls(server: EtcdServer) -> dict[str, int]:
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     changed = {name: n - before.get(name, 0) for name, n in after.items()}
     return {name: n for name, n in changed.items() if n}
-
-
-async def exercise_every_operation(p: EtcdLeaseProvider, key: str) -> None:
-    """Every kind of operation, granted and refused, asserting the answers."""
-    granted = await p.acquire_lease(key, "a", LONG_MS)
-    assert granted.acquired
-    assert granted.token is not None
-    assert await p.acquire_lease(key, "a", LONG_MS) == granted
-    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
-    assert await p.get_lease_owner(key) == "a"
-    assert await p.renew_lease(key, "a", LONG_MS)
-    assert await p.renew_lease(key, "a", LONG_MS + 5000)  # a new TTL: a new etcd lease
-    assert not await p.renew_lease(key, "b", LONG_MS)
-    assert await p.transfer_lease(key, "a", "b", LONG_MS)
-    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
-    moved = await p.acquire_lease(key, "b", LONG_MS)
-    assert moved.token is not None
-    assert moved.token > granted.token
-    await p.release_lease(key, "a")
-    assert await p.get_lease_owner(key) == "b"
-    await p.release_lease(key, "b")
-    assert await p.get_lease_owner(key) is None
 
 
 # -- registry, URLs and options --------------------------------------------------------------
@@ -252,7 +231,7 @@ async def test_a_callers_aetcd_client_is_used_and_never_closed(
     client = aetcd.Client(host=etcd_server.host, port=etcd_server.port)
     async with EtcdLeaseProvider(client, prefix=etcd_prefix) as provider:
         assert provider.endpoints == (f"{etcd_server.host}:{etcd_server.port}",)
-        await exercise_every_operation(provider, "k")
+        await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
     with pytest.raises(leasekit.LeaseProviderClosed):
         await provider.get_lease_owner("k")
     await client.put(etcd_prefix.encode() + b"still-open", b"yes")  # still usable
@@ -265,7 +244,7 @@ async def test_closing_closes_its_channels_and_later_calls_raise(
 ) -> None:
     provider = EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix)
     async with provider:
-        await exercise_every_operation(provider, "k")
+        await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
     for call in (
         provider.get_lease_owner("k"),
         provider.acquire_lease("k", "a", LONG_MS),
@@ -312,7 +291,7 @@ async def test_awkward_keys_and_owners_round_trip_as_one_record(
     provider: EtcdLeaseProvider, key: str
 ) -> None:
     owner = f"own{key[:50]}\0\x01🎉"
-    await exercise_every_operation(provider, key)
+    await exercise_every_operation(provider, key, renew_ttl_ms=NEW_TTL_MS)
     result = await provider.acquire_lease(key, owner, LONG_MS)
     assert result.acquired
     assert await provider.get_lease_owner(key) == owner
@@ -426,8 +405,8 @@ async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_p
         EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as p,
         EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as other,
     ):
-        await exercise_every_operation(p, "warm-up")
-        await exercise_every_operation(other, "warm-up")
+        await exercise_every_operation(p, "warm-up", renew_ttl_ms=NEW_TTL_MS)
+        await exercise_every_operation(other, "warm-up", renew_ttl_ms=NEW_TTL_MS)
         await p.flush()
         await other.flush()
         steps = {
@@ -467,7 +446,7 @@ async def test_no_etcd_lease_is_left_behind(
     async with EtcdLeaseProvider.from_url(private_etcd_server.url, prefix=etcd_prefix) as p:
         assert await p.lease_ids() == []
         for i in range(25):
-            await exercise_every_operation(p, f"k{i % 5}")
+            await exercise_every_operation(p, f"k{i % 5}", renew_ttl_ms=NEW_TTL_MS)
             assert (await p.acquire_lease("held", "h", 10_000 + 1000 * (i % 3))).acquired
             assert not (await p.acquire_lease("held", f"x{i}", 10_000)).acquired
             assert not await p.transfer_lease("held", f"x{i}", "y", 10_000)
@@ -558,7 +537,7 @@ async def test_a_restart_keeps_leases_and_tokens_keep_increasing(
         after = await provider.acquire_lease("k", "b", LONG_MS)
         assert after.token is not None
         assert after.token > before.token
-        await exercise_every_operation(provider, "after-restart")
+        await exercise_every_operation(provider, "after-restart", renew_ttl_ms=NEW_TTL_MS)
 
 
 async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recovers(
@@ -593,7 +572,7 @@ async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recove
         # The re-acquire and the transfer may or may not have run once the server woke;
         # either is fine, but the key is never free while "a"'s long lease lives.
         assert await provider.get_lease_owner("k") in ("a", "b")
-        await exercise_every_operation(provider, "after-pause")
+        await exercise_every_operation(provider, "after-pause", renew_ttl_ms=NEW_TTL_MS)
     # What the failed operations granted was revoked (in the background) by aclose, or
     # ends at its short TTL: soon, at most the holder's lease of "k" is left.
     polls = int((2 * frozen_ttl_ms / 1000 + 10) / 0.2)
@@ -610,7 +589,7 @@ async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(
     async with EtcdLeaseProvider.from_url(
         private_etcd_server.url, prefix=etcd_prefix, timeout_s=1
     ) as provider:
-        await exercise_every_operation(provider, "k")
+        await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
         private_etcd_server.kill()
         started = time.monotonic()
         with pytest.raises(leasekit.LeaseBackendError) as info:
@@ -619,7 +598,7 @@ async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(
         assert info.value.__cause__ is not None
         assert "Connection refused" in str(info.value) or "connect" in str(info.value)
         private_etcd_server.start()
-        await exercise_every_operation(provider, "k")
+        await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
 
 
 # -- authentication and TLS --------------------------------------------------------------------
@@ -638,7 +617,7 @@ async def test_user_and_password_authenticate(
         etcd_http(host, port, path, body)
     url = f"etcd://root:pw@{host}:{port}"
     async with EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as provider:
-        await exercise_every_operation(provider, "k")
+        await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
     for bad in (f"etcd://root:wrong@{host}:{port}", f"etcd://{host}:{port}"):
         provider = EtcdLeaseProvider.from_url(bad, prefix=etcd_prefix, timeout_s=2)
         with pytest.raises(leasekit.LeaseBackendError) as info:
@@ -688,7 +667,7 @@ async def test_etcds_speaks_tls_with_a_private_ca(tmp_path: Path, etcd_prefix: s
     with TlsEtcd(binary, tmp_path / "etcd", extra_args=extra) as server:
         url = f"etcds://{server.host}:{server.port}?ca_file={certs['ca']}"
         async with EtcdLeaseProvider.from_url(url, prefix=etcd_prefix) as provider:
-            await exercise_every_operation(provider, "k")
+            await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
         # Without the private CA the server's certificate is not trusted.
         provider = EtcdLeaseProvider.from_url(
             f"etcds://{server.host}:{server.port}", prefix=etcd_prefix, timeout_s=1

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from scenarios import EXERCISE_OPERATIONS, LONG_MS, exercise_every_operation
 from servers import PostgresServer, free_port, missing_extra
 
 import leasekit
@@ -39,7 +40,6 @@ from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
-LONG_MS = 60_000
 SLACK_S = 5.0  # how much later than its timeout a call may fail, on a loaded machine
 
 
@@ -90,30 +90,6 @@ def backends_of(url: str, app_name: str, *, waiting: bool = False) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-EXERCISE_OPERATIONS = 13
-
-
-async def exercise_every_operation(p: PostgresLeaseProvider, key: str) -> None:
-    """Every kind of operation, granted and refused, asserting the answers (13 calls)."""
-    granted = await p.acquire_lease(key, "a", LONG_MS)
-    assert granted.acquired
-    assert granted.token is not None
-    assert await p.acquire_lease(key, "a", LONG_MS) == granted
-    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
-    assert await p.get_lease_owner(key) == "a"
-    assert await p.renew_lease(key, "a", LONG_MS)
-    assert not await p.renew_lease(key, "b", LONG_MS)
-    assert await p.transfer_lease(key, "a", "b", LONG_MS)
-    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
-    moved = await p.acquire_lease(key, "b", LONG_MS)
-    assert moved.token is not None
-    assert moved.token > granted.token
-    await p.release_lease(key, "a")
-    assert await p.get_lease_owner(key) == "b"
-    await p.release_lease(key, "b")
-    assert await p.get_lease_owner(key) is None
 
 
 class ProtocolTrace:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from scenarios import EXERCISE_OPERATIONS, EXERCISE_READS, LONG_MS, exercise_every_operation
 from servers import (
     RedisClusterServer,
     RedisServer,
@@ -34,9 +35,6 @@ from leasekit_contract import LeaseProviderContract
 from leasekit_redis import LeaseRecord, RedisLeaseProvider
 
 pytestmark = pytest.mark.anyio
-
-# Leases the tests must not see expire.
-LONG_MS = 60_000
 
 
 # -- the conformance suite ---------------------------------------------------------------
@@ -116,31 +114,6 @@ def names_on(server: RedisServer, pattern: str) -> list[bytes]:
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     changed = {name: n - before.get(name, 0) for name, n in after.items()}
     return {name: n for name, n in changed.items() if n and name != "info"}
-
-
-EXERCISE_OPERATIONS = 13
-EXERCISE_READS = 3  # get_lease_owner calls among them
-
-
-async def exercise_every_operation(p: RedisLeaseProvider, key: str) -> None:
-    """Every kind of operation, granted and refused, asserting the answers (13 calls)."""
-    granted = await p.acquire_lease(key, "a", LONG_MS)
-    assert granted.acquired
-    assert granted.token is not None
-    assert await p.acquire_lease(key, "a", LONG_MS) == granted
-    assert await p.acquire_lease(key, "b", LONG_MS) == leasekit.LeaseResult(False, "a", None)
-    assert await p.get_lease_owner(key) == "a"
-    assert await p.renew_lease(key, "a", LONG_MS)
-    assert not await p.renew_lease(key, "b", LONG_MS)
-    assert await p.transfer_lease(key, "a", "b", LONG_MS)
-    assert not await p.transfer_lease(key, "a", "c", LONG_MS)
-    moved = await p.acquire_lease(key, "b", LONG_MS)
-    assert moved.token is not None
-    assert moved.token > granted.token
-    await p.release_lease(key, "a")
-    assert await p.get_lease_owner(key) == "b"
-    await p.release_lease(key, "b")
-    assert await p.get_lease_owner(key) is None
 
 
 # -- registry, URLs and options --------------------------------------------------------------
