@@ -32,11 +32,14 @@ from ._errors import (
     BackendUnavailable,
     InvalidLeaseArgument,
     LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
     LeaseError,
     LeaseHeld,
     LeasekitWarning,
     LeaseLost,
     LeaseProviderClosed,
+    StaleFencingToken,
 )
 from ._hold import LeaseHold, hold, new_owner_id, wait_for
 from ._memory import MemoryLeaseProvider
@@ -58,6 +61,8 @@ __all__ = [
     "Capabilities",
     "InvalidLeaseArgument",
     "LeaseBackendError",
+    "LeaseBackendTimeout",
+    "LeaseBackendUnreachable",
     "LeaseError",
     "LeaseHeld",
     "LeaseHold",
@@ -69,6 +74,7 @@ __all__ = [
     "ManagedLeaseProvider",
     "MemoryLeaseProvider",
     "NoopLeaseProvider",
+    "StaleFencingToken",
     "__version__",
     "available_backends",
     "capabilities_of",

@@ -44,9 +44,13 @@ class Capabilities:
             value = getattr(self, field.name)
             if field.type in ("bool", bool):
                 if not isinstance(value, bool):
-                    raise InvalidLeaseArgument(field.name, f"must be a bool, got {value!r}")
+                    raise InvalidLeaseArgument.for_argument(
+                        field.name, f"must be a bool, got {value!r}"
+                    )
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidLeaseArgument(field.name, f"must be an int >= 1, got {value!r}")
+                raise InvalidLeaseArgument.for_argument(
+                    field.name, f"must be an int >= 1, got {value!r}"
+                )
 
     @classmethod
     def flag_names(cls) -> tuple[str, ...]:

@@ -122,21 +122,23 @@ def _describe(value: object) -> str:
 
 def _validate_name(value: object, argument: str) -> str:
     if not isinstance(value, str):
-        raise InvalidLeaseArgument(argument, f"must be a str, got {_describe(value)}", value)
+        raise InvalidLeaseArgument.for_argument(
+            argument, f"must be a str, got {_describe(value)}", value
+        )
     if not value:
-        raise InvalidLeaseArgument(argument, "must not be empty", value)
+        raise InvalidLeaseArgument.for_argument(argument, "must not be empty", value)
     # Fast path: 256 code points can never exceed 1024 UTF-8 bytes, but the encode
     # still has to run to reject lone surrogates, which no store can round-trip.
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             argument,
             f"must be encodable as UTF-8 (lone surrogate at index {exc.start})",
             value,
         ) from None
     if size > MAX_NAME_BYTES:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             argument, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {size}", value
         )
     return value
@@ -159,11 +161,11 @@ def validate_owner(owner: object, argument: str = "owner") -> str:
 def validate_ttl_ms(ttl_ms: object, argument: str = "ttl_ms") -> int:
     """Check a TTL and return it: an ``int`` (not ``bool``, not ``float``) in 1..2**31-1."""
     if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             argument, f"must be an int number of milliseconds, got {_describe(ttl_ms)}", ttl_ms
         )
     if not 1 <= ttl_ms <= MAX_TTL_MS:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             argument, f"must be between 1 and {MAX_TTL_MS} milliseconds, got {ttl_ms}", ttl_ms
         )
     return int(ttl_ms)

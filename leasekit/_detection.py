@@ -56,7 +56,7 @@ class NoopLeaseProvider:
     def from_url(cls, url: str, **options: Any) -> NoopLeaseProvider:
         """Build from ``noop://``; accepts no options."""
         if options:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options", f"noop:// takes no options, got {sorted(options)}"
             )
         return NOOP

@@ -49,11 +49,13 @@ def new_owner_id(prefix: str = "") -> str:
     """
     checked: object = prefix
     if not isinstance(checked, str):
-        raise InvalidLeaseArgument("prefix", f"must be a str, got {type(checked).__name__}")
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be a str, got {type(checked).__name__}"
+        )
     if prefix:
         validate_owner(prefix, "prefix")
         if len(prefix.encode("utf-8")) > 512:  # leaves room for host, pid and randomness
-            raise InvalidLeaseArgument("prefix", "must be at most 512 UTF-8 bytes")
+            raise InvalidLeaseArgument.for_argument("prefix", "must be at most 512 UTF-8 bytes")
     host = (socket.gethostname() or "localhost")[:255]
     parts = [prefix, host, str(os.getpid()), os.urandom(8).hex()]
     return ":".join(part for part in parts if part)
@@ -63,17 +65,21 @@ def _check_wait_s(value: object, argument: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidLeaseArgument(argument, f"must be a number of seconds or None, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(
+            argument, f"must be a number of seconds or None, got {value!r}"
+        )
     if math.isnan(value) or value < 0:
-        raise InvalidLeaseArgument(argument, f"must be >= 0 seconds, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(argument, f"must be >= 0 seconds, got {value!r}")
     return None if math.isinf(value) else float(value)
 
 
 def _check_poll_s(value: object, argument: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidLeaseArgument(argument, f"must be a number of seconds, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(
+            argument, f"must be a number of seconds, got {value!r}"
+        )
     if not 0 < value < math.inf:
-        raise InvalidLeaseArgument(argument, f"must be > 0 seconds, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(argument, f"must be > 0 seconds, got {value!r}")
     return float(value)
 
 
@@ -149,7 +155,7 @@ async def wait_for(
         ops, key, owner, ttl_ms, timeout_s=limit, poll_s=first, max_poll_s=max(first, cap)
     )
     if not result.acquired:
-        raise LeaseHeld(key, result.owner)
+        raise LeaseHeld(key=key, holder=result.owner)
     return result
 
 
@@ -182,7 +188,7 @@ class LeaseHold:
         else:
             validate_ttl_ms(renew_every_ms, "renew_every_ms")
         if renew_every_ms >= ttl_ms:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "renew_every_ms",
                 f"must be shorter than ttl_ms ({ttl_ms} ms) so renewals come before expiry, "
                 f"got {renew_every_ms}",
@@ -190,7 +196,9 @@ class LeaseHold:
         self.renew_every_ms = renew_every_ms
         checked: object = on_lost
         if checked not in ("cancel", "flag"):
-            raise InvalidLeaseArgument("on_lost", f"must be 'cancel' or 'flag', got {on_lost!r}")
+            raise InvalidLeaseArgument.for_argument(
+                "on_lost", f"must be 'cancel' or 'flag', got {on_lost!r}"
+            )
         self.on_lost = on_lost
         self._wait_s = _check_wait_s(wait_s, "wait_s")
         # Operations go through the emitting wrapper whether or not plugins exist now
@@ -243,7 +251,7 @@ class LeaseHold:
             max_poll_s=_DEFAULT_MAX_POLL_S,
         )
         if not result.acquired:
-            raise LeaseHeld(self.key, result.owner)
+            raise LeaseHeld(key=self.key, holder=result.owner)
         self.token = result.token
         self._renewed_at = start
         self._body = body = asyncio.current_task()
@@ -266,7 +274,7 @@ class LeaseHold:
             if external_cancel:
                 return  # someone else cancelled the task too: that cancellation wins
             if exc is None or isinstance(exc, asyncio.CancelledError):
-                raise LeaseLost(self.key, self.owner) from self._lost_cause
+                raise LeaseLost(key=self.key, owner=self.owner) from self._lost_cause
             return  # the body's own error says more; .lost tells the rest
         if self.lost.is_set() or self.transferred_to is not None:
             return  # nothing of ours to release
@@ -441,7 +449,7 @@ class LeaseHold:
         validate_owner(next_owner, "next_owner")
         ttl_ms = self.ttl_ms if ttl_ms is None else validate_ttl_ms(ttl_ms)
         if next_owner == self.owner:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "next_owner", "must differ from the holder (to extend the lease, just keep it)"
             )
         if not self._entered or self._exiting or self._body is None:
@@ -449,7 +457,7 @@ class LeaseHold:
         if self.transferred_to is not None:
             raise RuntimeError(f"the lease was already transferred to {self.transferred_to!r}")
         if self.lost.is_set():
-            raise LeaseLost(self.key, self.owner) from self._lost_cause
+            raise LeaseLost(key=self.key, owner=self.owner) from self._lost_cause
         await self._stop_renewer()
         try:
             handed = await self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
@@ -459,7 +467,7 @@ class LeaseHold:
             raise
         if not handed:
             self._declare_lost("transfer_refused", None, cancel=False)
-            raise LeaseLost(self.key, self.owner)
+            raise LeaseLost(key=self.key, owner=self.owner)
         self.transferred_to = next_owner
 
     def __repr__(self) -> str:

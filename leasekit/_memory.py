@@ -114,9 +114,13 @@ class MemoryLeaseProvider:
         else:
             checked: object = name  # callers may pass anything; check at run time
             if not isinstance(checked, str) or not checked:
-                raise InvalidLeaseArgument("name", f"must be a non-empty str, got {name!r}")
+                raise InvalidLeaseArgument.for_argument(
+                    "name", f"must be a non-empty str, got {name!r}"
+                )
             if clock_ns is not None:
-                raise InvalidLeaseArgument("clock_ns", "cannot be set for a named store")
+                raise InvalidLeaseArgument.for_argument(
+                    "clock_ns", "cannot be set for a named store"
+                )
             with _named_lock:
                 store = _named_stores.get(name)
                 if store is None:
@@ -129,12 +133,12 @@ class MemoryLeaseProvider:
     def from_url(cls, url: str, **options: Any) -> MemoryLeaseProvider:
         """Build from ``memory://`` (private) or ``memory://NAME`` (shared in-process)."""
         if options:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options", f"memory:// takes no options, got {sorted(options)}"
             )
         prefix = "memory://"
         if not url.lower().startswith(prefix) or "?" in url or "#" in url:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url", f"must look like memory:// or memory://NAME, got {url!r}"
             )
         name = url[len(prefix) :]
@@ -142,7 +146,7 @@ class MemoryLeaseProvider:
 
     def _check(self) -> _MemoryStore:
         if self._closed:
-            raise LeaseProviderClosed("memory")
+            raise LeaseProviderClosed(backend="memory")
         return self._store
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:

@@ -86,7 +86,7 @@ class _Entry:
 
 def normalize_scheme(scheme: object) -> str:
     if not isinstance(scheme, str) or not _SCHEME.match(scheme.lower()):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "scheme",
             f"must be a URL scheme like 'redis' (a letter, then letters, digits, '+-.'), "
             f"got {scheme!r}",
@@ -96,10 +96,10 @@ def normalize_scheme(scheme: object) -> str:
 
 def scheme_of(url: object) -> str:
     if not isinstance(url, str):
-        raise InvalidLeaseArgument("url", f"must be a str, got {type(url).__name__}")
+        raise InvalidLeaseArgument.for_argument("url", f"must be a str, got {type(url).__name__}")
     match = _URL_SCHEME.match(url)
     if match is None:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "url", f"must start with a scheme such as 'memory://', got {url!r}"
         )
     return match.group(1).lower()
@@ -172,11 +172,11 @@ class BackendRegistry:
         scheme = normalize_scheme(scheme)
         if isinstance(target, str):
             if not re.match(r"^[\w.]+:[\w.]+$", target.strip()):
-                raise InvalidLeaseArgument(
+                raise InvalidLeaseArgument.for_argument(
                     "target", f"must look like 'package.module:ClassName', got {target!r}"
                 )
         elif not isinstance(target, type):
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "target", f"must be a 'module:Class' string or a class, got {target!r}"
             )
         with self._lock:
@@ -331,7 +331,7 @@ class BackendRegistry:
         missing = tuple(name for name in wanted if not getattr(caps, name))
         if missing:
             # from_url does no I/O, so there is nothing to close yet.
-            raise BackendLacksCapability(scheme, missing)
+            raise BackendLacksCapability(backend=scheme, missing=missing)
         # The backend's provider itself unless an event plugin is registered: no
         # plugin, no per-operation cost.
         return _hooks.wrap(cast("ManagedLeaseProvider", provider), scheme)
@@ -344,14 +344,14 @@ def _validate_require(require: Iterable[str] | str) -> tuple[str, ...]:
         try:
             names = tuple(require)
         except TypeError:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "require", f"must be capability names, got {require!r}"
             ) from None
     flags = Capabilities.flag_names()
     checked: list[str] = []
     for name in names:
         if not isinstance(name, str) or name not in flags:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "require", f"unknown capability {name!r}; choose from {', '.join(flags)}"
             )
         checked.append(name)

@@ -99,7 +99,7 @@ def _validate(manager: pluggy.PluginManager, plugin: object, label: str) -> None
     known = {name for name in hookspecs.__all__ if name.startswith("leasekit_")}
     marked = [name for name in dir(plugin) if manager.parse_hookimpl_opts(plugin, name)]
     if not marked:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "plugin",
             f"{label} implements no leasekit hook; mark its methods with @leasekit.hookimpl "
             f"and name them after a hook ({_known_hooks()})",

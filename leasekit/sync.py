@@ -156,7 +156,7 @@ class SyncLeaseProvider:
         with self._lock:
             if self._closed and not internal:
                 coro.close()
-                raise LeaseProviderClosed(getattr(self, "backend", "sync"))
+                raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
             return asyncio.run_coroutine_threadsafe(coro, self._runner.loop)
 
     def _wait(self, future: concurrent.futures.Future[_T]) -> _T:
@@ -164,7 +164,7 @@ class SyncLeaseProvider:
             return future.result()
         except concurrent.futures.CancelledError:
             # Cancelled by close() from another thread, or by a Ctrl-C in this one.
-            raise LeaseProviderClosed(getattr(self, "backend", "sync")) from None
+            raise LeaseProviderClosed(backend=getattr(self, "backend", "sync")) from None
         except BaseException:
             future.cancel()  # KeyboardInterrupt while waiting: stop the operation too
             raise
@@ -422,7 +422,7 @@ class SyncLeaseHold:
             concurrent.futures.wait([entered, done], return_when=concurrent.futures.FIRST_COMPLETED)
             if not entered.done():
                 self._facade._wait(done)  # raises: it ended before acquiring
-                raise LeaseProviderClosed(self._facade.backend)  # pragma: no cover
+                raise LeaseProviderClosed(backend=self._facade.backend)  # pragma: no cover
             entered.result()
         except BaseException:
             done.cancel()  # a Ctrl-C while acquiring: give up (a lease got is released)
@@ -452,7 +452,7 @@ class SyncLeaseHold:
             if exc_type is None:
                 raise  # the release failed, and nothing else is being reported
         if self.on_lost == "raise" and self.lost.is_set() and exc_type is None:
-            raise LeaseLost(self.key, self.owner)
+            raise LeaseLost(key=self.key, owner=self.owner)
 
     def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
         """Hand the lease to ``next_owner``; see :meth:`leasekit.LeaseHold.transfer_to`."""
@@ -490,7 +490,7 @@ def hold(
     facade = _facade(provider)
     checked: object = on_lost
     if checked not in ("flag", "raise"):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "on_lost",
             f"must be 'flag' or 'raise' in leasekit.sync (a thread cannot be cancelled), "
             f"got {on_lost!r}",

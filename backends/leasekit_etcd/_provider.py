@@ -156,11 +156,11 @@ class EtcdLeaseProvider:
         key: bytes | None = None,
     ) -> None:
         if (client is None) == (endpoints is None):
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "client", "give either an aetcd.Client or endpoints=[...], not both or neither"
             )
         if client is not None and not _is_aetcd_client(client):
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "client",
                 "must be an aetcd.Client, got "
                 f"{type(client).__module__}.{type(client).__qualname__}",
@@ -171,9 +171,13 @@ class EtcdLeaseProvider:
         self.connect_timeout_s = _check_timeout("connect_timeout_s", connect_timeout_s)
         credentials = _check_credentials(username, password)
         if not tls and (ca or cert or key):
-            raise InvalidLeaseArgument("tls", "ca, cert and key need tls=True (etcds://)")
+            raise InvalidLeaseArgument.for_argument(
+                "tls", "ca, cert and key need tls=True (etcds://)"
+            )
         if (cert is None) != (key is None):
-            raise InvalidLeaseArgument("cert", "a client certificate needs its key, and back")
+            raise InvalidLeaseArgument.for_argument(
+                "cert", "a client certificate needs its key, and back"
+            )
         self._client = client
         if endpoints is not None:
             addresses = [_check_endpoint(e) for e in _check_endpoints(endpoints)]
@@ -202,25 +206,27 @@ class EtcdLeaseProvider:
         Anything else is an :class:`~leasekit.InvalidLeaseArgument`. No network I/O.
         """
         if not isinstance(url, str):
-            raise InvalidLeaseArgument("url", f"must be a str, got {type(url).__name__}")
+            raise InvalidLeaseArgument.for_argument(
+                "url", f"must be a str, got {type(url).__name__}"
+            )
         try:
             parts = urlsplit(url)
         except ValueError as exc:
-            raise InvalidLeaseArgument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
         scheme = parts.scheme.lower()
         if scheme not in _SCHEMES:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url", f"must start with etcd:// or etcds://, got {_redact(url)!r}"
             )
         if parts.path not in ("", "/") or parts.fragment:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url",
                 f"must be etcd://host:port[,host:port...] with no path, got {_redact(url)!r}",
             )
         merged: dict[str, Any] = {}
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
             if name not in _OPTIONS:
-                raise InvalidLeaseArgument(
+                raise InvalidLeaseArgument.for_argument(
                     "url",
                     f"unknown query parameter {name!r} in {_redact(url)!r}; "
                     f"known: {', '.join(_OPTIONS)}",
@@ -228,7 +234,7 @@ class EtcdLeaseProvider:
             merged[name] = _coerce_option(name, value)
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options",
                 f"unknown etcd option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}",
             )
@@ -244,7 +250,7 @@ class EtcdLeaseProvider:
         for name in _TLS_OPTIONS:
             path = merged.pop(name, None)
             if path is not None and not tls:
-                raise InvalidLeaseArgument(name, "is a TLS setting: use etcds://")
+                raise InvalidLeaseArgument.for_argument(name, "is a TLS setting: use etcds://")
             pem[name] = None if path is None else _read_pem(name, path)
         endpoints = [h.strip() for h in hosts.split(",")] if hosts else []
         return cls(
@@ -261,7 +267,7 @@ class EtcdLeaseProvider:
     async def _run(self, key: str | None, work: Callable[[_Operation], Awaitable[_T]]) -> _T:
         """Run one operation within ``timeout_s``, translating failures at one boundary."""
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         members = await self._cluster(key)
         loop = asyncio.get_running_loop()
         op = _Operation(self, members, loop.time() + self.timeout_s)
@@ -736,56 +742,62 @@ def _is_aetcd_client(client: object) -> bool:
 
 def _read_pem(name: str, path: object) -> bytes:
     if not isinstance(path, str) or not path:
-        raise InvalidLeaseArgument(name, f"must be a file path, got {path!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be a file path, got {path!r}")
     try:
         with open(path, "rb") as file:
             return file.read()
     except OSError as exc:
-        raise InvalidLeaseArgument(name, f"cannot read {path!r}: {exc.strerror}") from None
+        raise InvalidLeaseArgument.for_argument(
+            name, f"cannot read {path!r}: {exc.strerror}"
+        ) from None
 
 
 def _check_endpoints(endpoints: object) -> list[str]:
     if isinstance(endpoints, str) or not isinstance(endpoints, Sequence):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "endpoints", f"must be a list of 'host:port' strings, got {endpoints!r}"
         )
     if not endpoints:
-        raise InvalidLeaseArgument("endpoints", "must name at least one host:port")
+        raise InvalidLeaseArgument.for_argument("endpoints", "must name at least one host:port")
     return list(endpoints)
 
 
 def _check_endpoint(endpoint: object) -> str:
     if not isinstance(endpoint, str) or not endpoint:
-        raise InvalidLeaseArgument("endpoints", f"each must be 'host:port', got {endpoint!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "endpoints", f"each must be 'host:port', got {endpoint!r}"
+        )
     host, port = endpoint, ""
     if endpoint.startswith("["):
         end = endpoint.find("]")
         if end < 0:
-            raise InvalidLeaseArgument("endpoints", f"unclosed '[' in {endpoint!r}")
+            raise InvalidLeaseArgument.for_argument("endpoints", f"unclosed '[' in {endpoint!r}")
         host, rest = endpoint[: end + 1], endpoint[end + 1 :]
         if rest and not rest.startswith(":"):
-            raise InvalidLeaseArgument("endpoints", f"not host:port: {endpoint!r}")
+            raise InvalidLeaseArgument.for_argument("endpoints", f"not host:port: {endpoint!r}")
         port = rest[1:]
     elif ":" in endpoint:
         host, _, port = endpoint.rpartition(":")
     if host in ("", "[]") or any(c in host for c in "/?#@, "):
-        raise InvalidLeaseArgument("endpoints", f"not host:port: {endpoint!r}")
+        raise InvalidLeaseArgument.for_argument("endpoints", f"not host:port: {endpoint!r}")
     if port:
         if not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidLeaseArgument("endpoints", f"bad port in {endpoint!r}")
+            raise InvalidLeaseArgument.for_argument("endpoints", f"bad port in {endpoint!r}")
         return f"{host}:{int(port)}"
     return f"{host}:{_DEFAULT_PORT}"
 
 
 def _check_prefix(prefix: object) -> bytes:
     if not isinstance(prefix, str):
-        raise InvalidLeaseArgument("prefix", f"must be a str, got {type(prefix).__name__}")
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be a str, got {type(prefix).__name__}"
+        )
     try:
         raw = prefix.encode()
     except UnicodeEncodeError:
-        raise InvalidLeaseArgument("prefix", "must be encodable as UTF-8") from None
+        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
     if not 1 <= len(raw) <= _MAX_PREFIX_BYTES:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "prefix", f"must be 1 to {_MAX_PREFIX_BYTES} UTF-8 bytes, got {len(raw)}"
         )
     return raw
@@ -795,23 +807,23 @@ def _check_credentials(username: object, password: object) -> Credentials | None
     if username is None and password is None:
         return None
     if not isinstance(username, str) or not username:
-        raise InvalidLeaseArgument("username", "a password needs a non-empty username")
+        raise InvalidLeaseArgument.for_argument("username", "a password needs a non-empty username")
     if not isinstance(password, str):
-        raise InvalidLeaseArgument("password", "a username needs a password (a str)")
+        raise InvalidLeaseArgument.for_argument("password", "a username needs a password (a str)")
     return Credentials(username, password)
 
 
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidLeaseArgument("limit", f"must be an int >= 1, got {limit!r}")
+        raise InvalidLeaseArgument.for_argument("limit", f"must be an int >= 1, got {limit!r}")
     return limit
 
 
 def _check_timeout(name: str, timeout_s: object) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument(name, f"must be a number, got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {timeout_s!r}")
     if not 0 < timeout_s <= 3600:
-        raise InvalidLeaseArgument(name, f"must be in (0, 3600], got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be in (0, 3600], got {timeout_s!r}")
     return float(timeout_s)
 
 
@@ -820,7 +832,9 @@ def _coerce_option(name: str, value: str) -> Any:
         try:
             return float(value)
         except ValueError:
-            raise InvalidLeaseArgument(name, f"must be a number, got {value!r}") from None
+            raise InvalidLeaseArgument.for_argument(
+                name, f"must be a number, got {value!r}"
+            ) from None
     return value
 
 

@@ -146,14 +146,14 @@ class PostgresLeaseProvider:
             self._pool = client
         elif isinstance(client, psycopg.AsyncConnection):
             if not client.autocommit:
-                raise InvalidLeaseArgument(
+                raise InvalidLeaseArgument.for_argument(
                     "client",
                     "the connection must be in autocommit mode (connect with "
                     "autocommit=True): each lease operation is its own transaction",
                 )
             self._conn = client
         else:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "client",
                 "must be a psycopg_pool.AsyncConnectionPool or a psycopg.AsyncConnection "
                 f"(asyncio), got {type(client).__module__}.{type(client).__qualname__}",
@@ -198,16 +198,18 @@ class PostgresLeaseProvider:
         :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
         """
         if not isinstance(url, str):
-            raise InvalidLeaseArgument("url", f"must be a str, got {type(url).__name__}")
+            raise InvalidLeaseArgument.for_argument(
+                "url", f"must be a str, got {type(url).__name__}"
+            )
         parts = urlsplit(url)
         if parts.scheme.lower() not in _SCHEMES:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url", f"must start with postgresql:// or postgres://, got {_redact(url)!r}"
             )
         try:
             parts.port  # noqa: B018 (validates it: libpq would only complain when connecting)
         except ValueError as exc:
-            raise InvalidLeaseArgument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
         ours: dict[str, Any] = {}
         driver: list[tuple[str, str]] = []
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -217,7 +219,7 @@ class PostgresLeaseProvider:
                 driver.append((name, value))
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options",
                 f"unknown postgresql option(s) {', '.join(unknown)}; known: "
                 f"{', '.join(_OPTIONS)} (libpq parameters go in the URL's query; or pass "
@@ -231,7 +233,7 @@ class PostgresLeaseProvider:
             "pool_max_size", ours.pop("pool_max_size", _DEFAULT_POOL_MAX_SIZE), minimum=1
         )
         if pool_max_size < pool_min_size:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "pool_max_size",
                 f"must be at least pool_min_size ({pool_min_size}), got {pool_max_size}",
             )
@@ -249,7 +251,7 @@ class PostgresLeaseProvider:
         try:
             params = conninfo_to_dict(driver_url)
         except psycopg.Error as exc:
-            raise InvalidLeaseArgument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
         if server_timeout:
             # A startup option, not a SET: it holds for the whole connection without any
             # session state, and the server cancels a statement stuck past timeout_s.
@@ -281,7 +283,7 @@ class PostgresLeaseProvider:
         check_schema: bool = True,
     ) -> _T:
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         loop = asyncio.get_running_loop()
         call: _Call[_T] = _Call(loop.create_future())
         task = loop.create_task(
@@ -315,7 +317,7 @@ class PostgresLeaseProvider:
     def _translate(self, exc: psycopg.Error | OSError, key: str | None) -> LeaseError:
         """The one place where driver errors become leasekit's."""
         if isinstance(exc, PoolClosed) and self._closed:
-            return LeaseProviderClosed(_BACKEND)
+            return LeaseProviderClosed(backend=_BACKEND)
         if isinstance(exc, PoolTimeout):
             what = "no connection available"
         elif isinstance(exc, psycopg.errors.QueryCanceled):
@@ -776,16 +778,18 @@ def _consume_outcome(task: asyncio.Task[Any]) -> None:
 
 def _check_table(table: object) -> _sql.TableName:
     if not isinstance(table, str):
-        raise InvalidLeaseArgument("table", f"must be a str, got {type(table).__name__}")
+        raise InvalidLeaseArgument.for_argument(
+            "table", f"must be a str, got {type(table).__name__}"
+        )
     parts = table.split(".")
     if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "table",
             "must be an identifier (letters, digits, underscores; not starting with a "
             f"digit), optionally schema-qualified as schema.table, got {table!r}",
         )
     if len(parts[-1]) > _MAX_TABLE_CHARS or len(parts[0]) > 63:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "table", f"the table name may have at most {_MAX_TABLE_CHARS} characters"
         )
     if len(parts) == 2:
@@ -795,17 +799,21 @@ def _check_table(table: object) -> _sql.TableName:
 
 def _check_timeout(timeout_s: object) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument("timeout_s", f"must be a number, got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument("timeout_s", f"must be a number, got {timeout_s!r}")
     if not 0 < timeout_s <= 3600:
-        raise InvalidLeaseArgument("timeout_s", f"must be in (0, 3600], got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "timeout_s", f"must be in (0, 3600], got {timeout_s!r}"
+        )
     return float(timeout_s)
 
 
 def _check_grace(grace_s: object, timeout_s: float) -> float:
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float):
-        raise InvalidLeaseArgument("sweep_grace_s", f"must be a number, got {grace_s!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "sweep_grace_s", f"must be a number, got {grace_s!r}"
+        )
     if not grace_s > timeout_s:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "sweep_grace_s",
             f"must be longer than timeout_s ({timeout_s:g}), so no statement outlives it "
             f"(fencing tokens depend on that), got {grace_s!r}",
@@ -815,13 +823,13 @@ def _check_grace(grace_s: object, timeout_s: float) -> float:
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidLeaseArgument(name, f"must be an int >= {minimum}, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be an int >= {minimum}, got {value!r}")
     return value
 
 
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise InvalidLeaseArgument(name, f"must be a bool, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be a bool, got {value!r}")
     return value
 
 
@@ -840,14 +848,14 @@ def _coerce_option(name: str, value: str) -> Any:
         if name == "prepare_threshold":
             return None if value.lower() in ("none", "") else int(value)
     except ValueError:
-        raise InvalidLeaseArgument(name, f"must be a number, got {value!r}") from None
+        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {value!r}") from None
     if name in ("create_schema", "server_timeout"):
         flag = value.lower()
         if flag in ("true", "yes", "1", "on"):
             return True
         if flag in ("false", "no", "0", "off"):
             return False
-        raise InvalidLeaseArgument(name, f"must be true or false, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be true or false, got {value!r}")
     return value
 
 

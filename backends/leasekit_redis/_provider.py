@@ -120,7 +120,7 @@ class RedisLeaseProvider:
         close_client: bool = False,
     ) -> None:
         if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "client",
                 "must be a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio "
                 f"client), got {type(client).__module__}.{type(client).__qualname__}",
@@ -151,10 +151,12 @@ class RedisLeaseProvider:
         :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
         """
         if not isinstance(url, str):
-            raise InvalidLeaseArgument("url", f"must be a str, got {type(url).__name__}")
+            raise InvalidLeaseArgument.for_argument(
+                "url", f"must be a str, got {type(url).__name__}"
+            )
         parts = urlsplit(url)
         if parts.scheme.lower() not in _SCHEMES:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url", f"must start with redis:// or rediss://, got {_redact(url)!r}"
             )
         ours: dict[str, Any] = {}
@@ -167,7 +169,7 @@ class RedisLeaseProvider:
             ):
                 driver.append((name, value))
             else:
-                raise InvalidLeaseArgument(
+                raise InvalidLeaseArgument.for_argument(
                     "url",
                     f"unknown query parameter {name!r} in {_redact(url)!r}; leasekit's options "
                     f"are {', '.join(_OPTIONS)}, and redis-py's connection settings "
@@ -175,7 +177,7 @@ class RedisLeaseProvider:
                 )
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options",
                 f"unknown redis option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)} "
                 "(pass your own client as RedisLeaseProvider(client) for anything else)",
@@ -183,7 +185,7 @@ class RedisLeaseProvider:
         ours.update(options)
         cluster = ours.pop("cluster", False)
         if not isinstance(cluster, bool):
-            raise InvalidLeaseArgument("cluster", f"must be a bool, got {cluster!r}")
+            raise InvalidLeaseArgument.for_argument("cluster", f"must be a bool, got {cluster!r}")
         # Check the options before the client exists, so a bad one leaks nothing.
         prefix = ours.get("prefix", _DEFAULT_PREFIX)
         _check_prefix(prefix)
@@ -193,7 +195,7 @@ class RedisLeaseProvider:
         try:
             parse_url(driver_url)
         except ValueError as exc:
-            raise InvalidLeaseArgument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
         settings: dict[str, Any] = {
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
@@ -209,7 +211,7 @@ class RedisLeaseProvider:
             else:
                 client = redis.asyncio.Redis.from_url(driver_url, **settings)
         except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
-            raise InvalidLeaseArgument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
         return cls(client, close_client=True, **ours)
 
     # -- one round trip, bounded and translated ----------------------------------------
@@ -243,7 +245,7 @@ class RedisLeaseProvider:
 
     async def _run(self, script: _lua.Script, key: str, keys: tuple[bytes, ...], *args: Any) -> Any:
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         return await self._bounded(self._evalsha(script, keys, args), key)
 
     async def _evalsha(
@@ -295,7 +297,7 @@ class RedisLeaseProvider:
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         lease = _keys.lease_name(self._prefix, key)
         value = await self._bounded(self._client.execute_command("GET", lease), key)
         if value is None:
@@ -357,7 +359,7 @@ class RedisLeaseProvider:
             validate_key(prefix, "prefix")
         limit = _check_limit(limit)
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         found = await self._scan(prefix)
         records: list[LeaseRecord] = []
         ordered = sorted(found)
@@ -415,7 +417,7 @@ class RedisLeaseProvider:
     async def __aenter__(self) -> RedisLeaseProvider:
         # PING now, so a wrong address or password shows up at the `async with`.
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         await self._bounded(self._client.execute_command("PING"), None)
         return self
 
@@ -531,9 +533,11 @@ def _parse_value(value: bytes | str) -> tuple[str, int]:
 
 def _check_prefix(prefix: object) -> bytes:
     if not isinstance(prefix, str):
-        raise InvalidLeaseArgument("prefix", f"must be a str, got {type(prefix).__name__}")
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be a str, got {type(prefix).__name__}"
+        )
     if "{" in prefix or "}" in prefix:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "prefix",
             f"must not contain '{{' or '}}' (leasekit puts the Redis Cluster hash tag "
             f"after the prefix), got {prefix!r}",
@@ -541,23 +545,27 @@ def _check_prefix(prefix: object) -> bytes:
     try:
         raw = prefix.encode()
     except UnicodeEncodeError:
-        raise InvalidLeaseArgument("prefix", "must be encodable as UTF-8") from None
+        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
     if len(raw) > _MAX_PREFIX_BYTES:
-        raise InvalidLeaseArgument("prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes")
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes"
+        )
     return raw
 
 
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidLeaseArgument("limit", f"must be an int >= 1, got {limit!r}")
+        raise InvalidLeaseArgument.for_argument("limit", f"must be an int >= 1, got {limit!r}")
     return limit
 
 
 def _check_timeout(timeout_s: object) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument("timeout_s", f"must be a number, got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument("timeout_s", f"must be a number, got {timeout_s!r}")
     if not 0 < timeout_s <= 3600:
-        raise InvalidLeaseArgument("timeout_s", f"must be in (0, 3600], got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "timeout_s", f"must be in (0, 3600], got {timeout_s!r}"
+        )
     return float(timeout_s)
 
 
@@ -565,12 +573,12 @@ def _check_counter_ttl(counter_ttl_ms: object) -> int | None:
     if counter_ttl_ms is None:
         return None
     if isinstance(counter_ttl_ms, bool) or not isinstance(counter_ttl_ms, int):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "counter_ttl_ms",
             f"must be an int number of milliseconds or None, got {counter_ttl_ms!r}",
         )
     if not 1 <= counter_ttl_ms <= _MAX_COUNTER_TTL_MS:
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "counter_ttl_ms",
             f"must be between 1 and {_MAX_COUNTER_TTL_MS} milliseconds (or None: keep "
             f"forever), got {counter_ttl_ms}",
@@ -585,14 +593,14 @@ def _coerce_option(name: str, value: str) -> Any:
         if name == "counter_ttl_ms":
             return None if value.lower() in ("none", "") else int(value)
     except ValueError:
-        raise InvalidLeaseArgument(name, f"must be a number, got {value!r}") from None
+        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {value!r}") from None
     if name == "cluster":
         flag = value.lower()
         if flag in ("true", "yes", "1"):
             return True
         if flag in ("false", "no", "0", ""):
             return False
-        raise InvalidLeaseArgument(name, f"must be true or false, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be true or false, got {value!r}")
     return value
 
 

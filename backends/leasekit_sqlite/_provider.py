@@ -101,14 +101,14 @@ class SQLiteLeaseProvider:
     ) -> None:
         path = _check_path(path)
         if path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "path",
                 "an in-memory SQLite database is private to one connection and cannot "
                 "coordinate anything; use memory:// for in-process leases, or a file path",
             )
         timeout_s = _check_timeout(timeout_s)
         if synchronous not in _SYNCHRONOUS:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "synchronous", f"must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
             )
         sweep_every = _check_count("sweep_every", sweep_every)
@@ -135,10 +135,12 @@ class SQLiteLeaseProvider:
         """Build from ``sqlite:///relative.db``, ``sqlite:////abs.db`` or ``sqlite://``."""
         prefix = "sqlite://"
         if not url.lower().startswith(prefix):
-            raise InvalidLeaseArgument("url", f"must start with sqlite://, got {url!r}")
+            raise InvalidLeaseArgument.for_argument(
+                "url", f"must start with sqlite://, got {url!r}"
+            )
         rest, _, query = url[len(prefix) :].partition("?")
         if rest and not rest.startswith("/"):
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url",
                 "must be sqlite:///relative/path.db or sqlite:////absolute/path.db "
                 f"(no host part), got {url!r}",
@@ -150,7 +152,7 @@ class SQLiteLeaseProvider:
         merged.update(options)
         unknown = sorted(set(merged) - {"timeout_s", "synchronous", "sweep_every", "sweep_batch"})
         if unknown:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options",
                 f"unknown sqlite option(s) {', '.join(unknown)}; known: timeout_s, "
                 "synchronous, sweep_every, sweep_batch",
@@ -222,7 +224,7 @@ class SQLiteLeaseProvider:
 
     def _in_thread(self, work: Callable[[sqlite3.Connection], _T], deadline: float) -> _T:
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         if self._conn is None:
             self._conn = self._connect()
         conn = self._conn
@@ -232,7 +234,7 @@ class SQLiteLeaseProvider:
         self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
     ) -> _T:
         if self._closed:
-            raise LeaseProviderClosed(_BACKEND)
+            raise LeaseProviderClosed(backend=_BACKEND)
         with self._executor_lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -417,21 +419,25 @@ def _check_path(path: object) -> str:
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str) or not path:
-        raise InvalidLeaseArgument("path", f"must be a non-empty file path, got {path!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "path", f"must be a non-empty file path, got {path!r}"
+        )
     return path
 
 
 def _check_timeout(timeout_s: object) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument("timeout_s", f"must be a number, got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument("timeout_s", f"must be a number, got {timeout_s!r}")
     if not 0 < timeout_s <= 3600:
-        raise InvalidLeaseArgument("timeout_s", f"must be in (0, 3600], got {timeout_s!r}")
+        raise InvalidLeaseArgument.for_argument(
+            "timeout_s", f"must be in (0, 3600], got {timeout_s!r}"
+        )
     return float(timeout_s)
 
 
 def _check_count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidLeaseArgument(name, f"must be an int >= 1, got {value!r}")
+        raise InvalidLeaseArgument.for_argument(name, f"must be an int >= 1, got {value!r}")
     return value
 
 
@@ -442,5 +448,5 @@ def _coerce_option(name: str, value: str) -> Any:
         if name in ("sweep_every", "sweep_batch"):
             return int(value)
     except ValueError:
-        raise InvalidLeaseArgument(name, f"must be a number, got {value!r}") from None
+        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {value!r}") from None
     return value

@@ -465,11 +465,11 @@ def _check_arguments(
 ) -> tuple[Scenario, ...]:
     """The scenarios to run, in order; bad arguments raise before anything connects."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise InvalidLeaseArgument("seconds", f"must be a number > 0, got {seconds!r}")
+        raise InvalidLeaseArgument.for_argument("seconds", f"must be a number > 0, got {seconds!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise InvalidLeaseArgument("rounds", f"must be an int >= 1, got {rounds!r}")
+        raise InvalidLeaseArgument.for_argument("rounds", f"must be an int >= 1, got {rounds!r}")
     if not scenarios or any(name not in SCENARIOS for name in scenarios):
-        raise InvalidLeaseArgument(
+        raise InvalidLeaseArgument.for_argument(
             "scenarios", f"choose from {', '.join(SCENARIOS)}, got {list(scenarios)!r}"
         )
     return tuple(SCENARIOS[name] for name in dict.fromkeys(scenarios))

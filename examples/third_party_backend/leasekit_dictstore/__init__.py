@@ -99,7 +99,9 @@ class DictLeaseProvider:
         else:
             checked: object = name  # callers may pass anything; check at run time
             if not isinstance(checked, str) or not checked:
-                raise InvalidLeaseArgument("name", f"must be a non-empty str, got {name!r}")
+                raise InvalidLeaseArgument.for_argument(
+                    "name", f"must be a non-empty str, got {name!r}"
+                )
             with _named_stores_lock:
                 self._store = _named_stores.setdefault(name, _DictStore())
         self.name = name
@@ -109,18 +111,18 @@ class DictLeaseProvider:
     def from_url(cls, url: str, **options: Any) -> DictLeaseProvider:
         """Build from ``dictstore://`` (private store) or ``dictstore://NAME`` (shared)."""
         if options:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "options", f"dictstore:// takes no options, got {sorted(options)}"
             )
         if not url.lower().startswith(_SCHEME) or "?" in url or "#" in url:
-            raise InvalidLeaseArgument(
+            raise InvalidLeaseArgument.for_argument(
                 "url", f"must look like dictstore:// or dictstore://NAME, got {url!r}"
             )
         return cls(url[len(_SCHEME) :] or None)
 
     def _open_store(self) -> _DictStore:
         if self._closed:
-            raise LeaseProviderClosed("dictstore")
+            raise LeaseProviderClosed(backend="dictstore")
         return self._store
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
