@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-
 from servers import missing_extra
 
 try:
