@@ -190,6 +190,33 @@ def test_bad_urls_and_options_name_the_problem(
     assert info.value.argument == argument
 
 
+@pytest.mark.parametrize(
+    ("url", "endpoints"),
+    [
+        ("etcd://[::1]", ("[::1]:2379",)),
+        ("etcd://[fd00::1]:2380,10.0.0.1", ("[fd00::1]:2380", "10.0.0.1:2379")),
+        ("etcd://root:pw@10.0.0.1:2379,[::1]:2380", ("10.0.0.1:2379", "[::1]:2380")),
+    ],
+)
+def test_endpoint_lists_with_ipv6_members_parse(url: str, endpoints: tuple[str, ...]) -> None:
+    provider = EtcdLeaseProvider.from_url(url)
+    assert provider.endpoints == endpoints
+    assert "pw" not in repr(provider)
+
+
+def test_the_benchmark_reads_an_endpoint_list_with_ipv6_members() -> None:
+    from leasekit._bench._etcd import _endpoint  # noqa: PLC0415 (the benchmark's own parser)
+
+    endpoint = _endpoint("etcd://u:p%40ss@10.0.0.1,[::1]:2380?prefix=x%2F")
+    assert (endpoint.host, endpoint.port, endpoint.username, endpoint.password) == (
+        "10.0.0.1",
+        2379,
+        "u",
+        "p@ss",
+    )
+    assert endpoint.prefix == "x/"
+
+
 def test_from_url_refuses_other_schemes() -> None:
     with pytest.raises(leasekit.InvalidLeaseArgument, match=r"etcd://"):
         EtcdLeaseProvider.from_url("http://127.0.0.1:2379")
@@ -803,3 +830,30 @@ async def test_no_error_and_no_repr_shows_the_password() -> None:
     assert "s3cret" not in repr(info.value)
     await provider.aclose()
     assert "s3cret" not in repr(provider)
+
+
+async def test_500_concurrent_tasks_on_one_provider_see_no_error(
+    etcd_url: str, etcd_prefix: str
+) -> None:
+    """One gRPC channel per member multiplexes every call: no pool to run out of."""
+    errors: list[BaseException] = []
+    cycles = 0
+
+    async def churn(task: int, until: float) -> None:
+        nonlocal cycles
+        loop = asyncio.get_running_loop()
+        while loop.time() < until:
+            key = f"churn{task % 50}"
+            try:
+                result = await provider.acquire_lease(key, f"t{task}", LONG_MS)
+                if result.acquired:
+                    await provider.release_lease(key, f"t{task}")
+                cycles += 1
+            except leasekit.LeaseError as exc:
+                errors.append(exc)
+
+    async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix) as provider:
+        until = asyncio.get_running_loop().time() + 2.0
+        await asyncio.gather(*(churn(task, until) for task in range(500)))
+    assert errors == []
+    assert cycles >= 500
