@@ -657,9 +657,10 @@ async def test_user_and_password_authenticate(
         await exercise_every_operation(provider, "k", renew_ttl_ms=NEW_TTL_MS)
     for bad in (f"etcd://root:wrong@{host}:{port}", f"etcd://{host}:{port}"):
         provider = EtcdLeaseProvider.from_url(bad, prefix=etcd_prefix, timeout_s=2)
-        with pytest.raises(leasekit.LeaseBackendError) as info:
+        with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
             await provider.acquire_lease("k", "a", LONG_MS)
         assert "pw" not in str(info.value)
+        assert "wrong" not in str(info.value)
         await provider.aclose()
 
 
@@ -709,7 +710,7 @@ async def test_etcds_speaks_tls_with_a_private_ca(tmp_path: Path, etcd_prefix: s
         provider = EtcdLeaseProvider.from_url(
             f"etcds://{server.host}:{server.port}", prefix=etcd_prefix, timeout_s=1
         )
-        with pytest.raises(leasekit.LeaseBackendError):
+        with pytest.raises(leasekit.LeaseBackendUnreachable):
             await provider.get_lease_owner("k")
         await provider.aclose()
 

@@ -25,8 +25,9 @@ from ._members import describe, failed_to_connect, status
 __all__ = ["ERRORS", "EtcdErrorMap"]
 
 _UNREACHABLE_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
-# etcd answers a wrong user or password with INVALID_ARGUMENT and this text.
-_AUTH_FAILED = "authentication failed"
+# etcd answers a wrong user or password, and a call without one while authentication
+# is on, with INVALID_ARGUMENT and these words.
+_AUTH_FAILED = ("authentication failed", "user name is empty")
 
 
 class EtcdErrorMap(ErrorMap):
@@ -40,7 +41,11 @@ class EtcdErrorMap(ErrorMap):
             name = getattr(code, "name", "")
             if name == "DEADLINE_EXCEEDED":
                 return LeaseBackendTimeout
-            if name in _UNREACHABLE_CODES or _AUTH_FAILED in details or failed_to_connect(exc):
+            if (
+                name in _UNREACHABLE_CODES
+                or any(words in details for words in _AUTH_FAILED)
+                or failed_to_connect(exc)
+            ):
                 return LeaseBackendUnreachable
             return LeaseBackendError
         return super().classify(exc)
@@ -49,7 +54,13 @@ class EtcdErrorMap(ErrorMap):
         self, exc: BaseException, *, key: str | None = None, where: str = ""
     ) -> LeaseBackendError:
         if isinstance(exc, _rpc.AioRpcError):
-            return self.classify(exc)(f"{describe(exc)}{where}", backend=self.backend, key=key)
+            detail = describe(exc)
+            # ``where`` names the member that failed last and how: this very failure,
+            # as a rule, which need not be said twice.
+            repeated = f": {detail})"
+            if where.endswith(repeated):
+                where = f"{where[: -len(repeated)]})"
+            return self.classify(exc)(f"{detail}{where}", backend=self.backend, key=key)
         return super().translate(exc, key=key, where=where)
 
 

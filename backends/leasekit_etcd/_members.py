@@ -309,8 +309,9 @@ class Members:
                 self.last_failure = None
                 return result
             if unreachable == count:
-                if connect_error is not None:
+                if connect_error is not None and (count == 1 or _is_tls_failure(connect_error)):
                     raise connect_error
+                self.last_failure = None  # the message names them all
                 raise ConnectionRefusedError("every member refused the connection")
             # No member took the call in this pass: give them a moment, then try again.
             await asyncio.sleep(min(pause_s, max(0.0, deadline - loop.time())))
