@@ -17,10 +17,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from leasekit import LeaseBackendError, LeaseResult
+from leasekit import LeaseResult
 from leasekit.backend import LeaseRecord
 
-from . import _keys, _rpc, _txn
+from . import _keys, _replies, _rpc, _txn
 from ._members import Members
 
 if TYPE_CHECKING:
@@ -66,10 +66,9 @@ class Operation:
         response: _rpc.LeaseGrantResponse = await self._call(
             lambda s, md, t: s.lease.LeaseGrant(request, timeout=t, metadata=md), safe=False
         )
-        if response.error:
-            raise LeaseBackendError(f"lease grant refused: {response.error}", backend="etcd")
-        self.provider._learn_min_ttl(ttl_s, response.TTL)
-        return response.ID
+        lease, granted_s = _replies.granted(response)
+        self.provider._learn_min_ttl(ttl_s, granted_s)
+        return lease
 
     async def revoke(self, lease_id: int) -> None:
         """Revoke an etcd lease (and delete what is bound to it); gone already is fine."""
@@ -107,22 +106,10 @@ class Operation:
 
     # -- the operations -------------------------------------------------------------------
 
-    def _owner_in(self, kv: _rpc.KeyValue, key: str | None) -> str:
-        """The owner a record names, checked against its value."""
-        parsed = _keys.split_record_name(self.prefix, kv.key)
-        if parsed is None or parsed[1].encode() != kv.value or not kv.lease:
-            raise LeaseBackendError(
-                f"unexpected data at etcd key {kv.key!r:.80} ({kv.value!r:.40}); is another "
-                f"program writing under the prefix {self.provider.prefix!r}?",
-                backend="etcd",
-                key=key,
-            )
-        return parsed[1]
-
     async def owner(self, key: str) -> str | None:
         start, end = _keys.holder_range(self.prefix, key)
-        response = await self.range(_txn.read_holder(start, end))
-        return self._owner_in(response.kvs[0], key) if response.kvs else None
+        kv = _replies.holder(self.prefix, await self.range(_txn.read_holder(start, end)), key)
+        return None if kv is None else kv.value.decode()
 
     async def acquire(self, key: str, owner: str, ttl_s: int) -> LeaseResult:
         start, end = _keys.holder_range(self.prefix, key)
@@ -134,9 +121,9 @@ class Operation:
                 # A key this provider saw held: look before granting, so a held key
                 # costs one read and writes nothing.
                 found = await self.range(_txn.read_holder(start, end))
-                if found.kvs:
-                    kv = found.kvs[0]
-                    holder = self._owner_in(kv, key)
+                kv = _replies.holder(self.prefix, found, key)
+                if kv is not None:
+                    holder = kv.value.decode()
                     if holder != owner:
                         seen.add(key)
                         return LeaseResult(False, holder, None)
@@ -154,8 +141,7 @@ class Operation:
             if reply.succeeded:
                 seen.add(key)
                 return LeaseResult(True, owner, reply.header.revision)
-            kvs = reply.responses[0].response_range.kvs
-            holder_now = self._owner_in(kvs[0], key) if kvs else None
+            holder_now = _replies.denied_holder(self.prefix, reply, key)
             if holder_now == owner:
                 # Already ours: move our record onto the lease just granted (the
                 # requested TTL), keeping its token.
@@ -174,11 +160,10 @@ class Operation:
 
     async def renew(self, key: str, owner: str, ttl_s: int) -> bool:
         record = _keys.record_name(self.prefix, key, owner)
-        found = await self.range(_txn.read_record(record))
-        if not found.kvs:
+        kv = _replies.holder(self.prefix, await self.range(_txn.read_record(record)), key)
+        if kv is None:
             return False
-        self._owner_in(found.kvs[0], key)
-        return await self._reset_ttl(record, owner, found.kvs[0].lease, ttl_s)
+        return await self._reset_ttl(record, owner, kv.lease, ttl_s)
 
     async def _reset_ttl(self, record: bytes, owner: str, lease: int, ttl_s: int) -> bool:
         """Give ``owner``'s live record a full ``ttl_s`` again; False if it ended."""
@@ -205,10 +190,10 @@ class Operation:
         if not reply.succeeded:
             self.provider._revoke_later(fresh)
             return None
-        previous = reply.responses[0].response_put.prev_kv
-        if previous.lease and previous.lease != fresh:
-            self.provider._revoke_later(previous.lease)
-        return previous.create_revision
+        token, left = _replies.moved_from(reply, fresh)
+        if left is not None:
+            self.provider._revoke_later(left)
+        return token
 
     async def release(self, key: str, owner: str) -> None:
         record = _keys.record_name(self.prefix, key, owner)
@@ -217,9 +202,8 @@ class Operation:
             # The key is free from this transaction on. The etcd lease the record was
             # on now carries nothing: revoking it is housekeeping, off the caller's path.
             self.provider._seen_held.discard(key)
-            for kv in reply.responses[0].response_delete_range.prev_kvs:
-                if kv.lease:
-                    self.provider._revoke_later(kv.lease)
+            for lease in _replies.detached_leases(reply):
+                self.provider._revoke_later(lease)
 
     async def transfer(self, key: str, from_owner: str, to_owner: str, ttl_s: int) -> bool:
         from_record = _keys.record_name(self.prefix, key, from_owner)
@@ -235,23 +219,18 @@ class Operation:
         if not reply.succeeded:
             self.provider._revoke_later(lease)  # never bound
             return False
-        for kv in reply.responses[0].response_delete_range.prev_kvs:
-            if kv.lease and kv.lease != lease:
-                self.provider._revoke_later(kv.lease)  # its record was just deleted
+        for detached in _replies.detached_leases(reply, bound=lease):
+            self.provider._revoke_later(detached)  # its record was just deleted
         return True
 
     async def inspect(self, key_prefix: str | None, limit: int) -> list[LeaseRecord]:
         start, end = _keys.prefix_range(self.prefix, key_prefix)
-        found: list[tuple[str, str, int, int]] = []
+        found: list[_replies.Listed] = []
         while len(found) < limit:
             batch = await self.range(
                 _rpc.range_request(start, end, limit=min(_INSPECT_BATCH, limit - len(found)))
             )
-            for kv in batch.kvs:
-                parsed = _keys.split_record_name(self.prefix, kv.key)
-                if parsed is None or parsed[1].encode() != kv.value or not kv.lease:
-                    continue  # not ours; inspect reports, it does not judge
-                found.append((parsed[0], parsed[1], kv.create_revision, kv.lease))
+            found.extend(_replies.listed(self.prefix, batch))
             if not batch.more or not batch.kvs:
                 break
             start = batch.kvs[-1].key + b"\x00"
