@@ -733,16 +733,19 @@ def etcdctl_lease_ids(server: EtcdServer) -> list[str]:
     return [line.strip() for line in listing.splitlines()[1:] if line.strip()]
 
 
-@pytest.mark.parametrize("in_flight_s", [0.0, 0.005, 0.02])
+@pytest.mark.parametrize("in_flight_s", [None, 0.0, 0.005, 0.02])
 async def test_aclose_with_operations_in_flight_settles_every_caller_and_leaks_no_lease(
-    private_etcd_server: EtcdServer, etcd_prefix: str, in_flight_s: float
+    private_etcd_server: EtcdServer, etcd_prefix: str, in_flight_s: float | None
 ) -> None:
+    """100 acquires, then aclose: before any of them started (None: each is refused
+    with LeaseProviderClosed), as they start, or midway between grant and transaction."""
     url = private_etcd_server.url
     provider = EtcdLeaseProvider.from_url(url, prefix=etcd_prefix)
     await provider.get_lease_owner("warm-up")  # the channel is connected
     keys = [f"k{i}" for i in range(100)]
     calls = [asyncio.ensure_future(provider.acquire_lease(key, "a", LONG_MS)) for key in keys]
-    await asyncio.sleep(in_flight_s)
+    if in_flight_s is not None:
+        await asyncio.sleep(in_flight_s)
     await provider.aclose()
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     for outcome in outcomes:
