@@ -254,6 +254,50 @@ def test_error_map_classifies_by_the_first_matching_class() -> None:
     assert error.key == "k"
 
 
+class StatusError(Exception):
+    """One class for every failure, told apart by a status code (as gRPC's are)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(f"status {code}")
+        self.code = code
+
+
+class StatusErrorMap(ErrorMap):
+    __slots__ = ()
+
+    def classify(self, exc: BaseException) -> type[LeaseBackendError]:
+        if isinstance(exc, StatusError):
+            return {"deadline": LeaseBackendTimeout, "refused": LeaseBackendUnreachable}.get(
+                exc.code, LeaseBackendError
+            )
+        return super().classify(exc)
+
+
+async def test_a_subclass_classifies_by_more_than_the_class_everywhere() -> None:
+    errors = StatusErrorMap({StatusError: LeaseBackendError}, backend="demo")
+    assert errors.classify(StatusError("deadline")) is LeaseBackendTimeout
+    assert errors.classify(ConnectionRefusedError()) is LeaseBackendUnreachable
+    assert type(errors.translate(StatusError("refused"))) is LeaseBackendUnreachable
+    assert type(errors.translate(StatusError("other"))) is LeaseBackendError
+
+    class StatusProvider(BackendProvider):
+        backend: ClassVar[str] = "demo"
+        errors: ClassVar[ErrorMap] = StatusErrorMap(
+            {StatusError: LeaseBackendError}, backend="demo"
+        )
+
+    async def fail(code: str) -> None:
+        raise StatusError(code)
+
+    provider = StatusProvider(timeout_s=1, owns_client=True)
+    with pytest.raises(LeaseBackendTimeout, match="status deadline") as info:
+        await provider._call(fail("deadline"), "k")
+    assert isinstance(info.value.__cause__, StatusError)
+    with pytest.raises(LeaseBackendUnreachable):
+        await provider._call_detached(fail("refused"), "k")
+    await provider.aclose()
+
+
 def test_map_errors_chains_the_driver_exception() -> None:
     with (
         pytest.raises(LeaseBackendUnreachable) as info,

@@ -16,9 +16,14 @@ from typing import Any, Protocol, TypeAlias
 
 import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
-from aetcd import rpc as _pb  # type: ignore[import-untyped]
+from aetcd import exceptions as _aetcd_errors  # type: ignore[import-untyped]
+from aetcd import rpc as _pb
 
 __all__ = [
+    "AetcdClientError",
+    "AetcdConnectionFailed",
+    "AetcdConnectionTimeout",
+    "AetcdUnauthenticated",
     "AioRpcError",
     "Channel",
     "ChannelState",
@@ -52,6 +57,11 @@ Channel: TypeAlias = Any
 """A ``grpc.aio.Channel``."""
 
 AioRpcError: type[Exception] = grpc.aio.AioRpcError
+# What a caller's own aetcd.Client raises (its connect): aetcd wraps gRPC's errors.
+AetcdClientError: type[Exception] = _aetcd_errors.ClientError
+AetcdConnectionFailed: type[Exception] = _aetcd_errors.ConnectionFailedError
+AetcdConnectionTimeout: type[Exception] = _aetcd_errors.ConnectionTimeoutError
+AetcdUnauthenticated: type[Exception] = _aetcd_errors.UnauthenticatedError
 StatusCode: Any = grpc.StatusCode
 ChannelState: Any = grpc.ChannelConnectivity
 

@@ -35,6 +35,11 @@ class ErrorMap:
     their bases. The standard library's timeouts, refused connections, DNS and TLS
     failures follow the backend's table. Build one per backend class; the tuple
     :attr:`types` is what an ``except`` clause catches.
+
+    A driver that raises one class for every failure and tells them apart by an
+    attribute (gRPC's status code) subclasses this and overrides :meth:`classify`
+    (and :meth:`translate`, for the message): :meth:`translate`, :meth:`mapping` and
+    :class:`~leasekit.backend.BackendProvider` all classify through it.
     """
 
     __slots__ = ("_table", "backend", "types")
