@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -753,3 +754,41 @@ async def test_redis_cluster_with_one_hash_tag(redis_cluster: Any, redis_prefix:
         await client.delete(tag + ":body", tag + ":meta", "leasekit-fence:" + tag)
     finally:
         await client.aclose()
+
+
+# -- the documentation ---------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "fencing.md"
+
+
+def test_docs_sqlite_example_refuses_the_paused_writer(tmp_path: Path) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    blocks = [b for lang, b in _fenced_blocks(text) if lang == "python" and "asyncio.run(" in b]
+    (example,) = blocks
+    run = subprocess.run(
+        [sys.executable, "-W", "error", "-c", example],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "refused: fencing token 1 for 'invoice-7' is stale: 2 was already seen",
+        "paid by b",
+    ]
+
+
+def test_docs_show_the_statement_the_postgres_guard_runs() -> None:
+    text = " ".join(DOCS.read_text(encoding="utf-8").split())
+    statement = leasekit.fencing._postgres_statements(("leasekit_fence",)).fence
+    shown = " ".join(
+        statement.as_string(None).replace('"leasekit_fence"', "leasekit_fence").split()
+    )
+    assert shown in text
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    fence = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+    return [(m.group(1), m.group(2)) for m in fence.finditer(text)]
