@@ -455,15 +455,20 @@ def fence_sqlite(
 # the comparison with the fence, the caller's writes and the fence's update are one
 # step. The script checks every command name against the allowed set and the token
 # against the fence before its first write, so a refused call writes nothing. Tokens
-# are compared as decimal strings (longer is larger, then byte order), never as Lua
-# numbers, which are doubles and lose exactness above 2**53. The fence key has no TTL.
+# are compared as decimal strings (longer is larger, then digit by digit; not with
+# Lua's string "<", which follows the server's locale), never as Lua numbers, which are
+# doubles and lose exactness above 2**53. The fence key has no TTL.
 # If a command fails (a WRONGTYPE, say), the script stops there: Redis has no rollback,
 # so earlier commands of the same call stay written, and the fence is not advanced.
 _REDIS_FENCED_WRITE = """
 local allowed = {SET = true, HSET = true, DEL = true, XADD = true, EXPIRE = true}
 local function greater(a, b)
   if #a ~= #b then return #a > #b end
-  return a > b
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return false
 end
 local token = ARGV[1]
 local count = tonumber(ARGV[2])

@@ -612,6 +612,21 @@ async def test_redis_tokens_above_two_to_the_53_compare_exactly(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
+    ("first", "second"),
+    [(9, 10), (19, 21), (99, 100), (2**53, 2**53 + 1), (10**18 + 8, 10**18 + 9)],
+)
+async def test_redis_compares_tokens_as_integers(
+    rds: Any, names: Callable[[str], str], first: int, second: int
+) -> None:
+    await _fenced(rds, names, first, ("SET", names("doc"), first))
+    await _fenced(rds, names, second, ("SET", names("doc"), second))
+    with pytest.raises(StaleFencingToken):
+        await _fenced(rds, names, first, ("SET", names("doc"), first))
+    assert await rds.get(names("doc")) == str(second).encode()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
     "commands",
     [
         [("SET", "{k}", "v"), ("FLUSHALL",)],
