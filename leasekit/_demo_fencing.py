@@ -293,9 +293,12 @@ class _Worker:
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
 
-    def finish(self) -> None:
-        """Resume (if stopped) and end the process, then close its pipes."""
+    def finish(self, *, completed: bool) -> None:
+        """Let a worker that reported everything exit (``completed``), or end one cut
+        short at once; resume it first if it is stopped. Then close its pipes."""
         if self.process.poll() is None:
+            if not completed:
+                self.process.kill()  # SIGKILL ends a stopped process too
             self.signal(signal.SIGCONT)
             try:
                 self.process.wait(timeout=_STEP_TIMEOUT_S)
@@ -379,6 +382,7 @@ def _drive(
     echo(f"resource: {resource.describe()}")
     a = _Worker("worker-a", "a", config)
     b: _Worker | None = None
+    completed = False
     try:
         stale = a.expect("acquired")
         say("worker-a", f"acquired the lease, fencing token {stale['token']}")
@@ -401,10 +405,11 @@ def _drive(
         say("driver", f"SIGCONT worker-a after {time.monotonic() - paused:.2f} s paused")
         late = a.expect("written", "rejected")
         say("worker-a", f"resumed, still believing it holds the lease; {_outcome(late)}")
+        completed = True
     finally:
         for worker in (a, b):
             if worker is not None:
-                worker.finish()
+                worker.finish(completed=completed)
     final = resource.read()
     verdict = judge_fencing(stale, fresh, late, final)
     echo(f"resource holds {final!r}")

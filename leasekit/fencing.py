@@ -230,9 +230,6 @@ def _check_postgres_transaction(
         )
 
 
-_FENCE_HINT = "; create it with leasekit.fencing.ensure_postgres_fence_table()"
-
-
 async def fence_postgres(
     conn: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any],
     resource: str,

@@ -11,6 +11,7 @@ import sys
 from urllib.parse import quote
 
 import pytest
+from servers import free_port
 
 from leasekit._demo_fencing import judge_fencing
 
@@ -82,6 +83,13 @@ def test_fencing_demo_refuses_stores_that_cannot_show_it() -> None:
     tokens = leasekit("demo", "--fencing", "--url", "noop://")
     assert tokens.returncode == 3
     assert "fencing" in tokens.stderr
+
+
+def test_fencing_demo_reports_an_unreachable_store_as_a_backend_error() -> None:
+    pytest.importorskip("redis")
+    run = leasekit("demo", "--fencing", "--url", f"redis://127.0.0.1:{free_port()}/0")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "leasekit: error: redis" in run.stderr
 
 
 GRANT_A, GRANT_B = {"token": 4}, {"token": 9}
