@@ -4,7 +4,8 @@ The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 (``memory://``, and the backend plugins' schemes); :func:`lease_provider_for` turns
 "maybe a provider" into one, falling back to the noop provider. Above the contract:
 :func:`hold` (acquire, renew in the background, release), :func:`wait_for`,
-:func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; event plugins in
+:func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; fencing guards for the
+resources a lease protects in :mod:`leasekit.fencing`; event plugins in
 :mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
 marked with :data:`hookimpl`).
 """
@@ -47,6 +48,7 @@ from ._registry import BackendInfo, BackendRegistry
 from ._watch import elect, leaders, watch_owner
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
+    from . import fencing as fencing
     from . import hookspecs as hookspecs
     from . import plugins as plugins
     from . import sync as sync
@@ -136,8 +138,8 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
 
 
 # Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
-# that uses plugins (or the blocking API) pays for them.
-_LAZY_MODULES = frozenset({"hookspecs", "plugins", "sync"})
+# that uses plugins (or the blocking API, or the fencing guards) pays for them.
+_LAZY_MODULES = frozenset({"fencing", "hookspecs", "plugins", "sync"})
 
 
 def __getattr__(name: str) -> Any:
