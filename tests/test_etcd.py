@@ -61,6 +61,13 @@ class TestEtcdContract(LeaseProviderContract):
     def provider_factory(self, etcd_url: str, etcd_prefix: str) -> Any:
         return functools.partial(leasekit.connect, etcd_url, prefix=etcd_prefix)
 
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: EtcdLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut
+
 
 # -- helpers -------------------------------------------------------------------------------
 

@@ -19,6 +19,16 @@ except ImportError:  # pragma: no cover
 from leasekit_etcd._notify import EtcdReleaseListener
 
 pytestmark = pytest.mark.anyio
+
+
+def _watcher_of(client: Any) -> Any:
+    async def watcher() -> Any:
+        await client.connect()
+        return client._watcher
+
+    return watcher
+
+
 BOUND_S = 20.0
 
 
@@ -33,10 +43,7 @@ async def client(etcd_url: str) -> AsyncIterator[Any]:
 async def test_a_delete_in_the_range_wakes_the_keys_waiters_and_a_put_does_not(
     client: Any, etcd_prefix: str
 ) -> None:
-    async def current() -> Any:
-        return client
-
-    listener = EtcdReleaseListener(current, timeout_s=5)
+    listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
     start = f"{etcd_prefix}k\0".encode()
     end = f"{etcd_prefix}k\1".encode()
     try:
@@ -53,10 +60,7 @@ async def test_a_delete_in_the_range_wakes_the_keys_waiters_and_a_put_does_not(
 
 
 async def test_closing_wakes_every_waiter(client: Any, etcd_prefix: str) -> None:
-    async def current() -> Any:
-        return client
-
-    listener = EtcdReleaseListener(current, timeout_s=5)
+    listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
     watch = await listener.watch("k", etcd_prefix.encode(), etcd_prefix.encode() + b"\xff")
     await listener.aclose()
     assert await watch.wait(0)

@@ -41,12 +41,16 @@ from leasekit.backend import (
     LeaseRecord,
     Option,
     OptionSet,
+    ReleaseWatch,
     parse_url,
     timeout_option,
 )
 
+from . import _rpc
 from ._errors import ERRORS
+from ._keys import holder_range
 from ._members import Credentials, Member, Members, TlsFiles
+from ._notify import EtcdReleaseListener
 from ._operation import Operation
 
 __all__ = ["EtcdLeaseProvider"]
@@ -126,6 +130,7 @@ class EtcdLeaseProvider(BackendProvider):
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=True,
+        release_notifications=True,
     )
 
     def __init__(
@@ -184,6 +189,10 @@ class EtcdLeaseProvider(BackendProvider):
         self._min_ttl_s = _DEFAULT_MIN_TTL_S
         self._seen_held = _RecentKeys(_SEEN_HELD_KEYS)
         self._channels_closed = False
+        self._watcher: Any = None
+        self._listener = EtcdReleaseListener(
+            self._release_watcher, timeout_s=self.timeout_s, lost=self._forget_watcher
+        )
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> EtcdLeaseProvider:
@@ -349,6 +358,40 @@ class EtcdLeaseProvider(BackendProvider):
             validate_key(prefix, "prefix")
         limit = _LIMIT.validate(limit)
         return await self._run(prefix, lambda op: op.inspect(prefix, limit))
+
+    async def watch_release(self, key: str) -> ReleaseWatch:
+        """Watch ``key`` for release, transfer and expiry: a delete watch on its records."""
+        validate_key(key)
+        start, end = holder_range(self._prefix, key)
+        return await self._call(self._listener.watch(key, start, end), key)
+
+    async def _release_watcher(self) -> Any:
+        """The watch stream's ``Watcher``, on the member operations are pinned to now."""
+        if self._watcher is None:
+            members = self._members if self._members is not None else await self._adopt_client()
+            member = members.pinned
+            if member.needs_token:
+                await member.authenticate(self.timeout_s)
+            self._watcher = _rpc.release_watcher(member.stubs, member.metadata)
+        return self._watcher
+
+    def _forget_watcher(self) -> None:
+        """A watch failed: the next wait starts a stream on whichever member is pinned."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not self.closed:
+            self._spawn(watcher.shutdown())
+
+    async def break_notifications(self) -> None:
+        """Cut the watch stream, as a failed member would (for tests)."""
+        watcher = self._watcher
+        if watcher is not None:
+            await watcher._terminate_stream(ConnectionError("watch stream cut"))
+
+    async def aclose(self) -> None:
+        """Stop the watches (waiters are woken), then close as every provider does."""
+        if not self.closed:
+            await self._listener.aclose()
+        await super().aclose()
 
     async def lease_ids(self) -> list[int]:
         """Every etcd lease in the cluster (``LeaseLeases``), not only this provider's.

@@ -45,6 +45,7 @@ __all__ = [
     "insecure_channel",
     "put_op",
     "range_op",
+    "release_watcher",
     "secure_channel",
     "ssl_credentials",
     "txn_request",
@@ -250,3 +251,11 @@ class Stubs:
         self.kv: Any = _pb.KVStub(channel)
         self.lease: Any = _pb.LeaseStub(channel)
         self.auth: Any = _pb.AuthStub(channel)
+        self.watch: Any = _pb.WatchStub(channel)
+
+
+def release_watcher(stubs: Stubs, metadata: Any) -> Any:
+    """An ``aetcd.watcher.Watcher``: every watch of one channel on one gRPC stream."""
+    from aetcd import watcher  # noqa: PLC0415 (the watch machinery loads on first wait)
+
+    return watcher.Watcher(stubs.watch, metadata=metadata)
