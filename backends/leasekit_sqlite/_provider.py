@@ -294,7 +294,7 @@ class SQLiteLeaseProvider(BackendProvider):
             try:
                 return fn()
             except sqlite3.OperationalError as exc:  # noqa: PERF203 (the retry loop is the point)
-                if not _is_busy(exc) or isinstance(exc, DatabaseUnavailable):
+                if not _is_busy(exc) or isinstance(exc, DatabaseLocked | DatabaseUnavailable):
                     raise
                 left = deadline - time.monotonic()
                 if left <= delay:
