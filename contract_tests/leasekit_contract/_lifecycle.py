@@ -238,14 +238,15 @@ class LifecycleChecks(ContractBase):
                 )
             with anyio.move_on_after(settle_s):
                 await settled.wait()
+            settled_outcomes = dict(outcomes)  # before cancelling the callers still waiting
             tg.cancel_scope.cancel()
-        pending = sorted(set(range(IN_FLIGHT)) - set(outcomes))
+        pending = sorted(set(range(IN_FLIGHT)) - set(settled_outcomes))
         assert not pending, (
             f"{len(pending)} of {IN_FLIGHT} callers in flight at aclose() were still waiting "
             f"{settle_s:.1f} s after it returned (timeout_s={timeout_s:g}), for example "
             f"{calls[pending[0]][0]}"
         )
-        for index, outcome in sorted(outcomes.items()):
+        for index, outcome in sorted(settled_outcomes.items()):
             name = calls[index][0]
             if isinstance(outcome, BaseException):
                 assert isinstance(outcome, LeaseError), (
