@@ -277,8 +277,15 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     print(json.dumps(payload) if args.json else text)
 
 
+def _for_reading(url: str) -> dict[str, Any]:
+    """Options that keep a read-only command from creating the store it reads."""
+    # Opening a SQLite URL creates the file: a typo would leave a new, empty one behind.
+    return {"create": False} if url.lower().startswith("sqlite:") else {}
+
+
 async def _lease_command(args: argparse.Namespace) -> int:
-    async with connect(args.url) as provider:
+    options = _for_reading(args.url) if args.command == "owner" else {}
+    async with connect(args.url, **options) as provider:
         if args.command == "acquire":
             result = await provider.acquire_lease(args.key, args.owner, args.ttl_ms)
             _emit(
@@ -307,7 +314,7 @@ async def _lease_command(args: argparse.Namespace) -> int:
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    async with connect(args.url) as provider:
+    async with connect(args.url, **_for_reading(args.url)) as provider:
         lister: Callable[..., Awaitable[list[Any]]] | None = getattr(provider, "inspect", None)
         if lister is None:
             raise _UsageError(f"the backend for {args.url.split(':', 1)[0]}:// cannot list leases")
