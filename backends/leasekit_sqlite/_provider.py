@@ -391,6 +391,20 @@ class SQLiteLeaseProvider(BackendProvider):
             write=False,
         )
 
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
+
+        SQLite has no way to tell other processes about a release, so waiters poll; with
+        this they never sleep past a holder's expiry (``leasekit.backend.SupportsRemaining``).
+        """
+        validate_key(key)
+        params = _sql.key_params(key)
+        return await self._run(
+            lambda conn: _sql.remaining_from(conn.execute(_sql.REMAINING, params).fetchone()),
+            key,
+            write=False,
+        )
+
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
