@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
 import redis.asyncio
@@ -124,6 +124,24 @@ _OPTION_SETS = {
 }
 
 
+class _RedisErrors(ErrorMap):
+    """The toolkit's table, plus one rule: a cluster failure is judged by its cause.
+
+    A cluster client with no reachable node raises ``RedisClusterException`` ("cannot
+    be connected") from the ``ConnectionError`` of its last attempt; that cause (a
+    refused connection, a name that does not resolve, a wrong password) says what
+    happened, so it decides the class.
+    """
+
+    __slots__ = ()
+
+    def classify(self, exc: BaseException) -> type[LeaseBackendError]:
+        cause = exc.__cause__
+        if isinstance(exc, RedisClusterException) and isinstance(cause, RedisError | OSError):
+            return super().classify(cause)
+        return super().classify(exc)
+
+
 class RedisLeaseProvider(BackendProvider):
     """Leases in Redis: atomic Lua scripts, server-clock TTLs, fencing tokens.
 
@@ -166,7 +184,7 @@ class RedisLeaseProvider(BackendProvider):
     # arity error a ResponseError. AuthenticationError, AuthorizationError, refused
     # connections, DNS and TLS failures all arrive as redis-py's ConnectionError.
     # RedisClusterException is not a RedisError.
-    errors = ErrorMap(
+    errors: ClassVar[ErrorMap] = _RedisErrors(
         {
             MaxConnectionsError: LeaseBackendError,
             AuthenticationWrongNumberOfArgsError: LeaseBackendUnreachable,
