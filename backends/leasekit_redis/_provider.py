@@ -308,13 +308,6 @@ class RedisLeaseProvider(BackendProvider):
 
     # -- one round trip: the toolkit bounds it and maps its errors ------------------------
 
-    async def _script(self, call: _replies.ScriptCall) -> Any:
-        slots = self._slots
-        if slots is None:
-            return await self._evalsha(call)
-        async with slots:
-            return await self._evalsha(call)
-
     async def _evalsha(self, call: _replies.ScriptCall) -> Any:
         client = self._client
         try:
@@ -324,17 +317,22 @@ class RedisLeaseProvider(BackendProvider):
             # EVAL runs the script and caches it again, so EVALSHA works next time.
             return await client.execute_command(*call.eval())
 
-    async def _command(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
-        """``send(*args, **kwargs)`` in its turn on a cluster client from_url built."""
-        slots = self._slots
-        if slots is None:
-            return await send(*args, **kwargs)
+    def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
+        """``send(*args, **kwargs)`` for ``_call``; in its turn on a cluster client we built."""
+        if self._slots is None:
+            return send(*args, **kwargs)
+        return self._in_turn(self._slots, send, *args, **kwargs)
+
+    @staticmethod
+    async def _in_turn(
+        slots: asyncio.Semaphore, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
+    ) -> _T:
         async with slots:
             return await send(*args, **kwargs)
 
     async def _connect(self) -> None:
         # PING now, so a wrong address or password shows up at the `async with`.
-        await self._command(self._client.execute_command, "PING")
+        await self._send(self._client.execute_command, "PING")
 
     async def _close_client(self) -> None:
         await self._client.aclose()
@@ -363,7 +361,7 @@ class RedisLeaseProvider(BackendProvider):
         call = _replies.acquire_request(
             self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        reply = await self._call(self._script(call), key)
+        reply = await self._call(self._send(self._evalsha, call), key)
         try:
             return _replies.read_acquire(reply, owner)
         except _replies.GarbledReply as exc:
@@ -372,7 +370,7 @@ class RedisLeaseProvider(BackendProvider):
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
         command = _replies.owner_request(self._prefix, key)
-        reply = await self._call(self._command(self._client.execute_command, *command), key)
+        reply = await self._call(self._send(self._client.execute_command, *command), key)
         try:
             return _replies.read_owner(reply)
         except _replies.GarbledReply as exc:
@@ -381,7 +379,9 @@ class RedisLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        await self._call(self._script(_replies.release_request(self._prefix, key, owner)), key)
+        await self._call(
+            self._send(self._evalsha, _replies.release_request(self._prefix, key, owner)), key
+        )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -390,7 +390,7 @@ class RedisLeaseProvider(BackendProvider):
         call = _replies.renew_request(
             self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        return _replies.read_flag(await self._call(self._script(call), key))
+        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -400,7 +400,7 @@ class RedisLeaseProvider(BackendProvider):
         call = _replies.transfer_request(
             self._prefix, key, from_owner, to_owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        return _replies.read_flag(await self._call(self._script(call), key))
+        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
 
     # -- beyond the contract ------------------------------------------------------------
 
@@ -426,7 +426,7 @@ class RedisLeaseProvider(BackendProvider):
                 pipe.get(found[key])
                 pipe.pttl(found[key])
             # Errors come back per command (a foreign key of another type), not raised.
-            replies = await self._call(self._command(pipe.execute, raise_on_error=False), prefix)
+            replies = await self._call(self._send(pipe.execute, raise_on_error=False), prefix)
             for key, value, remaining in zip(batch, replies[::2], replies[1::2], strict=True):
                 if not isinstance(value, bytes | str) or not isinstance(remaining, int):
                     continue  # not a lease value: not ours, or gone since the scan
@@ -449,7 +449,7 @@ class RedisLeaseProvider(BackendProvider):
         try:
             while True:
                 try:
-                    name = await self._call(self._command(names.__anext__), prefix)
+                    name = await self._call(self._send(names.__anext__), prefix)
                 except StopAsyncIteration:
                     return found
                 raw = name.encode() if isinstance(name, str) else name
