@@ -217,8 +217,12 @@ class RedisLeaseProvider(BackendProvider):
         self._client: RedisClient = client
         self._prefix = self.prefix.encode()
         self._server = _server_of(client)
-        # A cluster client's nodes refuse a command beyond max_connections instead of
-        # waiting; from_url bounds how many run at once, so each waits its turn here.
+        # On a client from_url built, at most max_connections commands run at once and
+        # the rest wait their turn here, first come first served. redis-py cannot do
+        # it alone: a cluster node refuses a command beyond its limit instead of
+        # waiting, and BlockingConnectionPool lets a task that just released a
+        # connection take it straight back, so under load a waiter can starve past
+        # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
         self._slots: asyncio.Semaphore | None = None
 
     @property
@@ -286,9 +290,8 @@ class RedisLeaseProvider(BackendProvider):
                     driver_url, max_connections=max_connections, **settings
                 )
             else:
-                # Blocking: a command that finds every connection busy waits for one
-                # (bounded by timeout_s, so no wait of the pool's own) instead of
-                # failing with MaxConnectionsError.
+                # Blocking, never MaxConnectionsError, should anything take a connection
+                # outside the provider's turns (its wait is bounded by timeout_s).
                 pool = BlockingConnectionPool.from_url(
                     driver_url, max_connections=max_connections, timeout=None, **settings
                 )
@@ -302,8 +305,7 @@ class RedisLeaseProvider(BackendProvider):
             counter_ttl_ms=values["counter_ttl_ms"],
             close_client=True,
         )
-        if cluster:
-            provider._slots = asyncio.Semaphore(max_connections)
+        provider._slots = asyncio.Semaphore(max_connections)
         return provider
 
     # -- one round trip: the toolkit bounds it and maps its errors ------------------------
@@ -318,7 +320,7 @@ class RedisLeaseProvider(BackendProvider):
             return await client.execute_command(*call.eval())
 
     def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
-        """``send(*args, **kwargs)`` for ``_call``; in its turn on a cluster client we built."""
+        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built."""
         if self._slots is None:
             return send(*args, **kwargs)
         return self._in_turn(self._slots, send, *args, **kwargs)
