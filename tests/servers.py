@@ -38,6 +38,7 @@ import pytest
 
 __all__ = [
     "REQUIRE_SERVERS_ENV",
+    "MariaDBServer",
     "PostgresServer",
     "RedisClusterServer",
     "RedisServer",
@@ -45,7 +46,6 @@ __all__ = [
     "ServerProcess",
     "ServerStartError",
     "find_binary",
-    "MariaDBServer",
     "free_port",
     "mariadb_ready",
     "missing_extra",

@@ -23,9 +23,10 @@ try:
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("mysql", "the MySQL tests")
 
-from leasekit.backend import parse_url
 from leasekit_contract import LeaseProviderContract
 from leasekit_mysql import MySQLLeaseProvider
+
+from leasekit.backend import parse_url
 
 
 class TestMySQLContract(LeaseProviderContract):

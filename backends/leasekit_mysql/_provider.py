@@ -381,9 +381,7 @@ class MySQLLeaseProvider(BackendProvider):
         await cursor.execute(ddl.record_meta, {"tokens": tokens})
 
     def _where(self) -> str:
-        options = self._pool_options
-        if not options and self._conn is not None:
-            options = {"host": self._conn.host, "port": self._conn.port}
+        options = self._pool_options  # a caller's client: its address is the caller's to say
         server = f"server {options.get('host')}:{options.get('port')}, " if options else ""
         return f" ({server}table {self.table})"
 

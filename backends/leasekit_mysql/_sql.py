@@ -237,4 +237,6 @@ class Statements:
     def sweep_delete(self, count: int) -> str:
         """``DELETE`` of ``count`` keys (``%(k0)s`` ...) that are still sweepable."""
         keys = ", ".join(f"%(k{i})s" for i in range(count))
-        return f"DELETE FROM {self.table.quoted()} WHERE lease_key IN ({keys}) AND {self._sweepable}"
+        return (
+            f"DELETE FROM {self.table.quoted()} WHERE lease_key IN ({keys}) AND {self._sweepable}"
+        )
