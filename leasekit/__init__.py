@@ -44,6 +44,7 @@ from ._errors import (
 from ._hold import LeaseHold, hold, new_owner_id, wait_for
 from ._memory import MemoryLeaseProvider
 from ._registry import BackendInfo, BackendRegistry
+from ._watch import elect, leaders, watch_owner
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from . import hookspecs as hookspecs
@@ -79,9 +80,11 @@ __all__ = [
     "available_backends",
     "capabilities_of",
     "connect",
+    "elect",
     "hold",
     "hookimpl",
     "is_lease_provider",
+    "leaders",
     "lease_provider_for",
     "new_owner_id",
     "register",
@@ -89,6 +92,7 @@ __all__ = [
     "validate_owner",
     "validate_ttl_ms",
     "wait_for",
+    "watch_owner",
 ]
 
 __version__ = "0.1.0.dev0"

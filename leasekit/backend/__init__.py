@@ -17,6 +17,9 @@ capabilities. Everything else is here, once:
 - :class:`LeaseRecord` and the protocols :class:`SupportsInspect`,
   :class:`SupportsMigrate`, :class:`SupportsSweep`, :class:`SupportsFlush`, checked
   structurally with :func:`supports`.
+- :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
+  :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
+  when a key may have become free, instead of polling.
 
 See the guide "Writing a backend" in the documentation.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
+from ._notify import ReleaseHub, ReleaseWatch, SupportsReleaseNotifications, SupportsRemaining
 from ._provider import BackendProvider
 from ._records import (
     LeaseRecord,
@@ -57,9 +61,13 @@ __all__ = [
     "Overdue",
     "ParsedOptions",
     "ParsedURL",
+    "ReleaseHub",
+    "ReleaseWatch",
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
+    "SupportsReleaseNotifications",
+    "SupportsRemaining",
     "SupportsSweep",
     "coerce_bool",
     "map_errors",

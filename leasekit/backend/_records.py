@@ -69,6 +69,10 @@ _EXTRAS: dict[object, str] = {
 }
 
 
+def _register_extra(protocol: type, method: str) -> None:
+    _EXTRAS[protocol] = method
+
+
 def supports(provider: object, extra: type) -> bool:
     """Whether ``provider`` has the extra described by protocol ``extra``, structurally.
 
