@@ -645,3 +645,50 @@ async def test_tokens_keep_increasing_across_restarts_and_deleted_rows(
     finally:
         for p in providers.values():
             await p.aclose()
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_bench_measures_leasekit_the_asyncmy_floor_and_tooz(
+    mysql_url: str, mysql_database: str
+) -> None:
+    import importlib.util  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    url = with_query(mysql_url, table=f"{mysql_database}.bench_leases")
+    done = await asyncio.to_thread(
+        run_cli, "bench", url, "--seconds", "0.3", "--scenarios", "single", "contended", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["server"].startswith("MariaDB ") or report["server"].startswith("MySQL ")
+    tooz = all(importlib.util.find_spec(module) for module in ("tooz", "pymysql"))
+    measured = {(r["contender"], r["scenario"]): r for r in report["results"]}
+    assert {contender for contender, _ in measured} == {
+        "leasekit",
+        "mysql-raw",
+        *(("tooz",) if tooz else ()),
+    }
+    for (contender, _), result in measured.items():
+        assert result["error"] is None, result
+        # tooz connects once per cycle: in a short run on a loaded machine it may
+        # complete no contended cycle at all, which is no error.
+        assert contender == "tooz" or result["cycles_per_s"] > 0, result
+    assert measured["mysql-raw", "single"]["ratio_to_floor"] == 1.0
+    # leasekit's rows for the run's keys are deleted, the floor's table dropped.
+    async with admin(mysql_url) as cursor:
+        await cursor.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (mysql_database,),
+        )
+        tables = {name for (name,) in await cursor.fetchall()}
+        left = await one(
+            cursor,
+            f"SELECT COUNT(*) FROM `{mysql_database}`.bench_leases WHERE LOCATE(%s, lease_key) > 0",
+            (report["namespace"].encode(),),
+        )
+    assert "bench_leases" in tables
+    assert not [name for name in tables if name.endswith("_floor")]
+    assert left == 0
