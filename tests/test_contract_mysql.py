@@ -1,8 +1,8 @@
 """The conformance suite, unchanged, against MariaDB (or MySQL): a fresh table per test.
 
 Three times: on the provider's own pool (as ``leasekit.connect`` builds it), with the
-``clock`` token source that MySQL uses (on the same server), and on a caller's single
-connection that every task of the test shares.
+``clock`` token source that MySQL uses (on the same server), and on a caller's pool of
+one connection that every task of the test shares.
 
 The server is this run's own (``tests/servers.py``) or ``$LEASEKIT_TEST_MYSQL_URL``;
 tables live in a database of the run's own, dropped at the end.
@@ -63,8 +63,8 @@ class TestMySQLContractClockTokens(LeaseProviderContract):
         return functools.partial(leasekit.connect, mysql_url, table=mysql_table, tokens="clock")
 
 
-class TestMySQLContractOnOneConnection(LeaseProviderContract):
-    """The suite on a caller's single autocommit connection, shared by every task."""
+class TestMySQLContractOnACallersPool(LeaseProviderContract):
+    """The suite on a caller's asyncmy pool of one connection, shared by every task."""
 
     # These race fresh providers (from the factory, on their own pools) in spawned
     # processes; they already run in TestMySQLContract.
@@ -75,16 +75,19 @@ class TestMySQLContractOnOneConnection(LeaseProviderContract):
     async def provider(self, mysql_url: str, mysql_table: str) -> AsyncIterator[MySQLLeaseProvider]:
         parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
         endpoint = parsed.endpoints[0]
-        conn = await asyncmy.connect(
+        pool = await asyncmy.create_pool(
+            minsize=1,
+            maxsize=1,
             host=endpoint.host,
             port=endpoint.port or 3306,
             user=parsed.username or "root",
             password=parsed.password or "",
             autocommit=True,
         )
-        async with MySQLLeaseProvider(conn, table=mysql_table) as provider:
+        async with MySQLLeaseProvider(pool, table=mysql_table) as provider:
             yield provider
-        conn.close()
+        pool.close()
+        await pool.wait_closed()
 
     @pytest.fixture
     def provider_factory(

@@ -420,8 +420,20 @@ async def _waiting(url: str) -> bool:
 async def test_sessions_in_other_time_zones_agree_on_expiry(
     mysql_url: str, mysql_table: str
 ) -> None:
-    east = await connect_admin(mysql_url, init_command="SET time_zone = '+05:00'")
-    west = await connect_admin(mysql_url, init_command="SET time_zone = '-07:00'")
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+
+    async def pool_in(zone: str) -> Any:
+        return await asyncmy.create_pool(
+            host=endpoint.host,
+            port=endpoint.port,
+            user=parsed.username,
+            password=parsed.password or "",
+            autocommit=True,
+            init_command=f"SET time_zone = '{zone}'",
+        )
+
+    east, west = await pool_in("+05:00"), await pool_in("-07:00")
     p_east = MySQLLeaseProvider(east, table=mysql_table)
     p_west = MySQLLeaseProvider(west, table=mysql_table)
     try:
@@ -438,8 +450,9 @@ async def test_sessions_in_other_time_zones_agree_on_expiry(
     finally:
         await p_east.aclose()
         await p_west.aclose()
-        east.close()
-        west.close()
+        for pool in (east, west):
+            pool.close()
+            await pool.wait_closed()
 
 
 # -- fencing tokens and the sweep ---------------------------------------------------------------

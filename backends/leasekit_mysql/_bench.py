@@ -90,8 +90,13 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
             (version,) = await cursor.fetchone()
             tokens = TOKENS_SEQUENCE if "mariadb" in str(version).lower() else TOKENS_CLOCK
             statements = Statements(_floor_table(target), tokens)
-            await cursor.execute(statements.create_table)
-            if tokens == TOKENS_SEQUENCE:
+            # Each round opens the floor again: create only what is missing (an existing
+            # table's IF NOT EXISTS note would be fetched and logged by the driver).
+            await cursor.execute(statements.existing, statements.names)
+            present = {name for (name,) in await cursor.fetchall()}
+            if statements.names["table"] not in present:
+                await cursor.execute(statements.create_table)
+            if tokens == TOKENS_SEQUENCE and statements.names["seq"] not in present:
                 await cursor.execute(statements.create_sequence)
     except BaseException:
         pool.close()
@@ -137,7 +142,7 @@ async def _cleanup(target: BenchTarget) -> None:
     import asyncmy  # noqa: PLC0415
 
     from ._provider import MySQLLeaseProvider  # noqa: PLC0415
-    from ._sql import TableName  # noqa: PLC0415
+    from ._sql import TOKENS_SEQUENCE, Statements, TableName  # noqa: PLC0415
 
     options = {**_pool_options(target), "minsize": 1, "maxsize": 1}
     table = MySQLLeaseProvider.from_url(target.url).table.split(".")
@@ -159,8 +164,11 @@ async def _cleanup(target: BenchTarget) -> None:
                 f"DELETE FROM {leases.quoted()} WHERE LOCATE(%s, lease_key) > 0",  # noqa: S608
                 (target.namespace.encode(),),
             )
-        await cursor.execute(f"DROP TABLE IF EXISTS {floor.quoted()}")
-        await cursor.execute(f"DROP SEQUENCE IF EXISTS {floor.quoted('_token_seq')}")
+        statements = Statements(floor, TOKENS_SEQUENCE)
+        await cursor.execute(statements.existing, statements.names)
+        for (name,) in await cursor.fetchall():
+            kind = "SEQUENCE" if name == statements.names["seq"] else "TABLE"
+            await cursor.execute(f"DROP {kind} {TableName(floor.database, name).quoted()}")
 
 
 async def _describe_server(target: BenchTarget) -> str | None:

@@ -35,6 +35,7 @@ from leasekit import (
 )
 from leasekit.backend import (
     BackendProvider,
+    Endpoint,
     ErrorMap,
     LeaseRecord,
     Option,
@@ -47,15 +48,15 @@ from . import _sql
 
 __all__ = ["MySQLClient", "MySQLLeaseProvider"]
 
-MySQLClient: TypeAlias = Pool | Connection
-"""What the provider runs on: an asyncmy pool, or one asyncmy connection."""
+MySQLClient: TypeAlias = Pool
+"""What the provider runs on: an asyncmy pool (of autocommit connections)."""
 
 _T = TypeVar("_T")
 _Operation: TypeAlias = Callable[[Cursor], Awaitable[_T]]
 
 _SCHEMES = ("mysql", "mariadb")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_TABLE_CHARS = 48  # leaves room for "_token_seq" within MySQL's 64 characters
+# [database.]table; 48 characters leave room for "_token_seq" within MySQL's 64.
+_TABLE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.)?[A-Za-z_][A-Za-z0-9_]{0,47}")
 _DENIED_RETRIES = 3
 _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a fresh one
 
@@ -63,33 +64,25 @@ _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a 
 _DEADLOCK = 1213
 _NO_SUCH_TABLE = 1146
 _LOST = frozenset({2006, 2013, 2055, 4031})  # gone away, lost during query, killed idle
-_UNREACHABLE = frozenset({1044, 1045, 1049, 1040, 2003, 2005, 2026})  # refused, auth, DNS
-_TIMEOUTS = frozenset({1205, 1969, 3024})  # lock wait, max_statement_time, max_execution
+_BY_CODE: dict[int, type[LeaseBackendError]] = {
+    **dict.fromkeys((1040, 1044, 1045, 1049, 2003, 2005, 2026), LeaseBackendUnreachable),
+    **dict.fromkeys((1205, 1969, 3024), LeaseBackendTimeout),  # lock wait, statement time
+}
 
 _log = logging.getLogger("leasekit.mysql")
 
 
 def _check_table(table: str) -> str:
-    parts = table.split(".")
-    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
-        raise InvalidLeaseArgument.for_argument(
-            "table",
-            "must be an identifier (letters, digits, underscores; not starting with a "
-            f"digit), optionally qualified as database.table, got {table!r}",
-            table,
-        )
-    if len(parts[-1]) > _MAX_TABLE_CHARS or len(parts[0]) > 64:
-        raise InvalidLeaseArgument.for_argument(
-            "table", f"the table name may have at most {_MAX_TABLE_CHARS} characters", table
-        )
+    if not _TABLE.fullmatch(table):
+        rule = "must be [database.]table of letters, digits and _ (a table of at most 48)"
+        raise InvalidLeaseArgument.for_argument("table", f"{rule}, got {table!r}", table)
     return table
 
 
 def _check_tokens(tokens: str) -> str:
     if tokens != "auto" and tokens not in _sql.TOKEN_SOURCES:
-        raise InvalidLeaseArgument.for_argument(
-            "tokens", f"must be auto, sequence or clock, got {tokens!r}", tokens
-        )
+        rule = f"must be auto, sequence or clock, got {tokens!r}"
+        raise InvalidLeaseArgument.for_argument("tokens", rule, tokens)
     return tokens
 
 
@@ -124,8 +117,8 @@ def _code(exc: BaseException) -> int | None:
 class MySQLLeaseProvider(BackendProvider):
     """Leases in a MySQL (8.0+) or MariaDB (10.3+) InnoDB table.
 
-    Pass your own ``asyncmy`` pool or connection in autocommit mode (never closed by
-    the provider), or use :meth:`from_url` / ``leasekit.connect("mysql://...")``,
+    Pass your own ``asyncmy`` pool of autocommit connections (never closed by the
+    provider), or use :meth:`from_url` / ``leasekit.connect("mysql://...")``,
     which builds a pool at first use and closes it in :meth:`aclose`.
 
     - ``table`` (default ``"leasekit_leases"``, or ``"database.table"``).
@@ -145,17 +138,12 @@ class MySQLLeaseProvider(BackendProvider):
     capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
-        ttl_resolution_ms=1,
-        min_ttl_ms=1,
-        server_clock=True,
+        server_clock=True,  # microsecond resolution: ttl_resolution_ms=1, the default
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=True,
     )
-    errors = ErrorMap(
-        {driver_errors.MySQLError: LeaseBackendError},
-        backend="mysql",
-    )
+    errors = ErrorMap({driver_errors.MySQLError: LeaseBackendError}, backend="mysql")
 
     def __init__(
         self,
@@ -167,26 +155,14 @@ class MySQLLeaseProvider(BackendProvider):
     ) -> None:
         values = _PROVIDER_OPTIONS.parse(overrides=options).values
         if values["sweep_grace_s"] <= values["timeout_s"]:
-            raise InvalidLeaseArgument.for_argument(
-                "sweep_grace_s",
-                f"must be longer than timeout_s ({values['timeout_s']:g}), so no statement "
-                "outlives it (fencing tokens depend on that)",
-                values["sweep_grace_s"],
-            )
-        if (client is None) == (pool_options is None):
-            raise InvalidLeaseArgument.for_argument(
-                "client", "pass an asyncmy Pool or Connection, or pool_options (not both)"
-            )
-        if client is not None and not isinstance(client, Pool | Connection):
-            raise InvalidLeaseArgument.for_argument(
-                "client",
-                "must be an asyncmy.pool.Pool or asyncmy.connection.Connection, got "
-                f"{type(client).__module__}.{type(client).__qualname__}",
-            )
+            rule = "must be longer than timeout_s: fencing tokens need every statement done"
+            raise InvalidLeaseArgument.for_argument("sweep_grace_s", rule, values["sweep_grace_s"])
+        if not isinstance(client, Pool) if pool_options is None else client is not None:
+            kind = f"{type(client).__module__}.{type(client).__qualname__}"
+            rule = f"must be an asyncmy.pool.Pool (or None with pool_options), got {kind}"
+            raise InvalidLeaseArgument.for_argument("client", rule)
         super().__init__(timeout_s=values["timeout_s"], owns_client=client is None or close_client)
-        self._pool = client if isinstance(client, Pool) else None
-        self._conn = client if isinstance(client, Connection) else None
-        self._conn_lock = asyncio.Lock()
+        self._pool: Pool | None = client
         self._pool_options = dict(pool_options or {})
         name = values["table"].split(".")
         self._table = _sql.TableName(*name) if len(name) == 2 else _sql.TableName(None, name[0])
@@ -205,8 +181,8 @@ class MySQLLeaseProvider(BackendProvider):
 
     @property
     def client(self) -> MySQLClient | None:
-        """The pool or connection the provider runs on (None before its own pool exists)."""
-        return self._pool if self._pool is not None else self._conn
+        """The pool the provider runs on (None before its own pool exists)."""
+        return self._pool
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MySQLLeaseProvider:
@@ -219,19 +195,17 @@ class MySQLLeaseProvider(BackendProvider):
         """
         parsed = parse_url(url, schemes=_SCHEMES, default_port=3306)
         if len(parsed.endpoints) > 1:
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"takes one host, got {len(parsed.endpoints)} ({parsed.redacted!r})"
-            )
+            rule = f"takes one host, got {len(parsed.endpoints)} ({parsed.redacted!r})"
+            raise InvalidLeaseArgument.for_argument("url", rule)
         values = _URL_OPTIONS.parse(parsed.query, options, url=url).values
-        endpoint = parsed.endpoints[0] if parsed.endpoints else None
-        database = parsed.path.strip("/") or None
+        endpoint = parsed.endpoints[0] if parsed.endpoints else Endpoint("127.0.0.1", 3306)
         timeout_s = values["timeout_s"]
         pool_options = {
-            "host": endpoint.host if endpoint else "127.0.0.1",
-            "port": (endpoint.port if endpoint else None) or 3306,
+            "host": endpoint.host,
+            "port": endpoint.port or 3306,
             "user": parsed.username or "root",
             "password": parsed.password or "",
-            "database": database,
+            "database": parsed.path.strip("/") or None,
             "charset": values.pop("charset"),
             "autocommit": True,
             "minsize": values.pop("pool_min_size"),
@@ -242,9 +216,8 @@ class MySQLLeaseProvider(BackendProvider):
             "init_command": f"SET SESSION innodb_lock_wait_timeout = {math.ceil(timeout_s)}",
         }
         if pool_options["maxsize"] < pool_options["minsize"]:
-            raise InvalidLeaseArgument.for_argument(
-                "pool_max_size", "must be at least pool_min_size", pool_options["maxsize"]
-            )
+            rule = "must be at least pool_min_size"
+            raise InvalidLeaseArgument.for_argument("pool_max_size", rule, pool_options["maxsize"])
         return cls(pool_options=pool_options, **values)
 
     # -- connections: check out, run, retry, check in ----------------------------------
@@ -285,15 +258,6 @@ class MySQLLeaseProvider(BackendProvider):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _checkout(self) -> Connection:
-        if self._conn is not None:
-            await self._conn_lock.acquire()
-            try:
-                if not self._conn.connected:
-                    await self._conn.connect()  # after a lost or abandoned call
-            except BaseException:
-                self._conn_lock.release()
-                raise
-            return self._conn
         if self._pool is None:
             async with self._pool_lock:
                 if self._pool is None:
@@ -306,20 +270,14 @@ class MySQLLeaseProvider(BackendProvider):
     def _checkin(self, conn: Connection, *, healthy: bool) -> None:
         if not healthy:
             conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
-        if self._conn is not None:
-            self._conn_lock.release()
-        elif self._pool is not None:
+        if self._pool is not None:
             self._pool.release(conn)
 
     def _translate(self, exc: driver_errors.MySQLError, key: str | None) -> LeaseBackendError:
         """The driver's error as leasekit's, classified by its error number."""
-        code = _code(exc)
         error = self.errors.translate(exc, key=key, where=self._where())
-        if code in _UNREACHABLE:
-            return LeaseBackendUnreachable(str(error), backend=self.backend, key=key)
-        if code in _TIMEOUTS:
-            return LeaseBackendTimeout(str(error), backend=self.backend, key=key)
-        return error
+        kind = _BY_CODE.get(_code(exc) or 0)
+        return error if kind is None else kind(str(error), backend=self.backend, key=key)
 
     async def _ensure_ready(self) -> None:
         """Once per provider: read the table's meta (creating the schema if allowed)."""
@@ -336,29 +294,21 @@ class MySQLLeaseProvider(BackendProvider):
             if _code(exc) != _NO_SUCH_TABLE:
                 raise
             if not self.create_schema:
-                raise LeaseBackendError(
-                    f"table {self.table} is missing (create_schema is off); run "
-                    "`leasekit migrate URL` as a user that may create it",
-                    backend=self.backend,
-                ) from None
+                fix = "run `leasekit migrate URL` as a user that may create it"
+                raise self._schema_error(f"is missing (create_schema is off); {fix}") from None
             await self._migrate_on(cursor)
             await cursor.execute(self._ddl.meta)
         meta = {str(name): int(value) for name, value in await cursor.fetchall()}
         version, tokens = meta.get("schema_version", 0), meta.get("tokens", 0)
         if version > _sql.SCHEMA_VERSION:
-            raise LeaseBackendError(
-                f"table {self.table} has schema version {version}, newer than this "
-                f"leasekit's ({_sql.SCHEMA_VERSION}); upgrade leasekit",
-                backend=self.backend,
-            )
+            raise self._schema_error(f"has schema version {version}; upgrade leasekit")
         wanted = _sql.TOKEN_SOURCES.get(self.tokens)
         if tokens not in _sql.TOKEN_SOURCES.values() or wanted not in (None, tokens):
-            raise LeaseBackendError(
-                f"table {self.table} records token source {tokens}, not {self.tokens}; "
-                "a table keeps the source it was created with",
-                backend=self.backend,
-            )
+            raise self._schema_error(f"keeps the token source it was created with ({tokens})")
         return _sql.Statements(self._table, tokens)
+
+    def _schema_error(self, problem: str) -> LeaseBackendError:
+        return LeaseBackendError(f"table {self.table} {problem}", backend=self.backend)
 
     async def _migrate_on(self, cursor: Cursor) -> None:
         ddl = self._ddl
@@ -399,8 +349,6 @@ class MySQLLeaseProvider(BackendProvider):
             except BaseException:
                 self._pool.terminate()  # the server stopped answering: drop the sockets
                 raise
-        elif self._conn is not None:
-            self._conn.close()
 
     # -- the contract -------------------------------------------------------------------
 
@@ -443,12 +391,8 @@ class MySQLLeaseProvider(BackendProvider):
         validate_key(key)
         params = {"key": key.encode()}
 
-        async def op(cursor: Cursor) -> str | None:
-            await cursor.execute(self._statements().owner, params)
-            row = await cursor.fetchone()
-            return None if row is None else bytes(row[0]).decode()
-
-        return await self._run(op, key)
+        owner = await self._run(self._scalar("owner", params), key)
+        return None if owner is None else bytes(owner).decode()
 
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
@@ -468,16 +412,22 @@ class MySQLLeaseProvider(BackendProvider):
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
-        params = {
-            "key": key.encode(),
-            "from_owner": from_owner.encode(),
-            "to_owner": to_owner.encode(),
-            "ttl_us": ttl_ms * 1000,
-        }
+        params = {"key": key.encode(), "from_owner": from_owner.encode(), "ttl_us": ttl_ms * 1000}
+        params["to_owner"] = to_owner.encode()
         # Not retried on a lost connection: a transfer that ran before the connection
         # died would report False the second time.
         op = self._rowcount("transfer", params)
         return await self._write(op, key, idempotent=False) == 1
+
+    def _scalar(self, statement: str, params: dict[str, Any] | None) -> _Operation[Any]:
+        """``statement``'s first column of its first row, or None without a row."""
+
+        async def op(cursor: Cursor) -> Any:
+            await cursor.execute(getattr(self._statements(), statement), params)
+            row = await cursor.fetchone()
+            return None if row is None else row[0]
+
+        return op
 
     def _rowcount(self, statement: str, params: dict[str, Any]) -> _Operation[int]:
         async def op(cursor: Cursor) -> int:
@@ -530,10 +480,8 @@ class MySQLLeaseProvider(BackendProvider):
         Runs by itself every ``sweep_every`` writes; call it from a periodic job with
         ``sweep_every=0``. Returns how many rows were deleted.
         """
-        params: dict[str, Any] = {
-            "grace_us": round(self.sweep_grace_s * 1_000_000),
-            "batch": self.sweep_batch,
-        }
+        grace_us = round(self.sweep_grace_s * 1_000_000)
+        params: dict[str, Any] = {"grace_us": grace_us, "batch": self.sweep_batch}
 
         async def op(cursor: Cursor) -> int:
             s = self._statements()
@@ -560,12 +508,7 @@ class MySQLLeaseProvider(BackendProvider):
     async def row_count(self) -> int:
         """Rows in the table, live and expired: what the sweep keeps bounded."""
 
-        async def op(cursor: Cursor) -> int:
-            await cursor.execute(self._statements().count_rows)
-            row = await cursor.fetchone()
-            return 0 if row is None else int(row[0])
-
-        return await self._run(op)
+        return int(await self._run(self._scalar("count_rows", None)))
 
 
 async def _nothing(cursor: Cursor) -> None:
