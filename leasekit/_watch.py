@@ -32,6 +32,8 @@ _DEFAULT_MAX_POLL_S = 1.0
 # After the holder's remaining time, look again a little later than the store's
 # expiry: the store's clock decides, and a look a hair early is wasted.
 _EXPIRY_SLACK_S = 0.002
+# Shorter polling pauses are not worth a request to learn the holder's remaining time.
+_REMAINING_WORTH_S = 0.1
 
 
 class KeyWaiter:
@@ -116,6 +118,13 @@ class KeyWaiter:
         # Jittered, so waiters that were denied together do not all retry together.
         pause = self._delay * random.uniform(0.5, 1.0)
         self._delay = min(self._delay * 2, self._cap)
+        if held and self._remaining and pause > _REMAINING_WORTH_S:
+            # Without notifications, still never sleep past a (possibly dead) holder's
+            # expiry: its key is taken then, not at the next poll.
+            remaining_ms = await self._provider.lease_remaining_ms(self.key)
+            if remaining_ms is None:
+                return False
+            pause = min(pause, remaining_ms / 1000 + _EXPIRY_SLACK_S)
         if left is not None:
             pause = min(pause, left)  # the last attempt falls on the deadline
         if self._watch is not None:
