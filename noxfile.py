@@ -11,7 +11,7 @@ nox.options.sessions = ["lint", "types", "tests", "docs"]
 
 PYTHON = "3"  # whichever python3 runs nox; CI pins nothing more
 # Every backend's driver, so the suite runs against each and mypy sees their types.
-TEST_EXTRAS = "test,redis,postgres,etcd"
+TEST_EXTRAS = "test,redis,postgres,etcd,mysql"
 
 
 def install_and_run(session: nox.Session, extras: str, *command: str) -> None:
