@@ -321,20 +321,24 @@ six times in five seconds against a server that is down) is routed.
 
 
 class _RoutePoolLog(logging.Filter):
-    """Moves psycopg_pool's records about leasekit's own pools to ``leasekit.postgres``."""
+    """Moves psycopg's records about leasekit's own pools to ``leasekit.postgres``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not ROUTE_POOL_LOG.get():
             return True
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("psycopg_pool: %s", record.getMessage())
+            prefix = "psycopg_pool" if record.name == "psycopg.pool" else record.name
+            log.debug("%s: %s", prefix, record.getMessage())
         return False
 
 
 def _install_pool_log_route() -> None:
-    pool_log = logging.getLogger("psycopg.pool")
-    if not any(isinstance(f, _RoutePoolLog) for f in pool_log.filters):
-        pool_log.addFilter(_RoutePoolLog())
+    # A logger's filters see only the records logged on it, not its children's: the
+    # pool's ("psycopg.pool"), and psycopg's own about a cancel a frozen server ignores.
+    for name in ("psycopg.pool", "psycopg"):
+        driver_log = logging.getLogger(name)
+        if not any(isinstance(f, _RoutePoolLog) for f in driver_log.filters):
+            driver_log.addFilter(_RoutePoolLog())
 
 
 _install_pool_log_route()
