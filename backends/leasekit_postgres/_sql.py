@@ -92,7 +92,7 @@ class Statements:
     identifiers are part of the SQL text. Each statement is composed with
     :mod:`psycopg.sql` and rendered here, once per provider: psycopg would otherwise
     render a ``sql.Composed`` again on every execution (10-25 us a call). Rendering
-    needs no connection: the names are ASCII identifiers (``_provider._check_table``),
+    needs no connection: the names are ASCII identifiers (``_options.table_name``),
     quoted the same in every client encoding.
     """
 
