@@ -55,6 +55,13 @@ class TestRedisContract(LeaseProviderContract):
     def provider_factory(self, redis_url: str, redis_prefix: str) -> Any:
         return functools.partial(leasekit.connect, redis_url, prefix=redis_prefix)
 
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: RedisLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut
+
 
 class TestRedisClusterContract(LeaseProviderContract):
     """The whole suite against a three-node Redis Cluster: every script respects slots."""
@@ -538,8 +545,18 @@ def test_requests_are_the_commands_to_send() -> None:
     forever = _replies.renew_request(b"p:", "k", "me", 500, counter_ttl_ms=None)
     assert forever.args == (b"me", 500, 0)
     transfer = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1)
-    assert transfer.args == (b"a", b"b", 9, 10)
+    assert transfer.args == (b"a", b"b", 9, 10, b"")
+    told = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1, publish=b"PUBLISH")
+    assert told.args[-1] == b"PUBLISH"
     assert _replies.release_request(b"p:", "k", "a").keys == (b"p:{k}",)
+    assert _replies.release_request(b"p:", "k", "a", publish=b"SPUBLISH").args == (
+        b"a",
+        b"SPUBLISH",
+    )
+    assert _replies.remaining_request(b"p:", "k") == ("PTTL", b"p:{k}")
+    assert _replies.read_remaining(-2) is None
+    assert _replies.read_remaining(0) == 1
+    assert _replies.read_remaining(1500) == 1500
     assert _replies.owner_request(b"p:", "k") == ("GET", b"p:{k}")
 
 

@@ -85,7 +85,7 @@ class PostgresLeaseProvider(BackendProvider):
     """
 
     backend: ClassVar[str] = BACKEND
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities: Capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
         ttl_resolution_ms=1,

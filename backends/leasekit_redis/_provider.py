@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, ClassVar, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
@@ -49,12 +50,15 @@ from leasekit.backend import (
     LeaseRecord,
     Option,
     OptionSet,
+    ReleaseHub,
+    ReleaseWatch,
     parse_url,
     redact_url,
     timeout_option,
 )
 
 from . import _keys, _replies
+from ._notify import RedisReleaseListener
 
 __all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
 
@@ -178,6 +182,7 @@ class RedisLeaseProvider(BackendProvider):
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=False,
+        release_notifications=True,
     )
     # Subclasses before their bases: MaxConnectionsError is a ConnectionError (a
     # caller's non-blocking pool ran out, not an unreachable server), the AUTH
@@ -224,6 +229,17 @@ class RedisLeaseProvider(BackendProvider):
         # connection take it straight back, so under load a waiter can starve past
         # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
         self._slots: asyncio.Semaphore | None = None
+        # Release notifications: the scripts publish on the lease's channel, sharded on a
+        # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
+        cluster = isinstance(client, redis.asyncio.RedisCluster)
+        if cluster and not callable(getattr(client, "pubsub", None)):
+            self.capabilities = replace(self.capabilities, release_notifications=False)
+        self._publish = (
+            b""
+            if not self.capabilities.release_notifications
+            else (b"SPUBLISH" if cluster else b"PUBLISH")
+        )
+        self._listener = RedisReleaseListener(client, sharded=cluster, timeout_s=self.timeout_s)
 
     @property
     def client(self) -> RedisClient:
@@ -382,7 +398,11 @@ class RedisLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         await self._call(
-            self._send(self._evalsha, _replies.release_request(self._prefix, key, owner)), key
+            self._send(
+                self._evalsha,
+                _replies.release_request(self._prefix, key, owner, publish=self._publish),
+            ),
+            key,
         )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -400,9 +420,46 @@ class RedisLeaseProvider(BackendProvider):
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
         call = _replies.transfer_request(
-            self._prefix, key, from_owner, to_owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
+            self._prefix,
+            key,
+            from_owner,
+            to_owner,
+            ttl_ms,
+            counter_ttl_ms=self.counter_ttl_ms,
+            publish=self._publish,
         )
         return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
+
+    # -- waiting without polling -----------------------------------------------------------
+
+    async def watch_release(self, key: str) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer: its channel on the provider's subscriber.
+
+        Expiry publishes nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
+        """
+        validate_key(key)
+        self._refuse_if_closed()
+        if not self._publish:
+            return ReleaseHub().watch(key)  # no channel here: the remaining TTL alone
+        lease = _keys.lease_name(self._prefix, key)
+        return await self._call(self._listener.watch(key, lease), key)
+
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
+        validate_key(key)
+        command = _replies.remaining_request(self._prefix, key)
+        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        return _replies.read_remaining(reply)
+
+    async def break_notifications(self) -> None:
+        """Cut the subscriber connection, as a network failure would (for tests)."""
+        await self._listener.break_connection()
+
+    async def aclose(self) -> None:
+        """Stop listening (waiters are woken), then close as every provider does."""
+        if not self.closed:
+            await self._listener.aclose()
+        await super().aclose()
 
     # -- beyond the contract ------------------------------------------------------------
 

@@ -75,9 +75,12 @@ def acquire_request(
     )
 
 
-def release_request(prefix: bytes, key: str, owner: str) -> ScriptCall:
-    """``RELEASE`` of ``owner``'s lease on ``key``; the reply carries nothing to read."""
-    return ScriptCall(_lua.RELEASE, (_keys.lease_name(prefix, key),), (owner.encode(),))
+def release_request(prefix: bytes, key: str, owner: str, *, publish: bytes = b"") -> ScriptCall:
+    """``RELEASE`` of ``owner``'s lease on ``key``; the reply carries nothing to read.
+
+    ``publish`` is the command that tells waiters (``PUBLISH``, ``SPUBLISH``, or none).
+    """
+    return ScriptCall(_lua.RELEASE, (_keys.lease_name(prefix, key),), (owner.encode(), publish))
 
 
 def renew_request(
@@ -99,13 +102,35 @@ def transfer_request(
     ttl_ms: int,
     *,
     counter_ttl_ms: int | None,
+    publish: bytes = b"",
 ) -> ScriptCall:
     """``TRANSFER`` of ``key`` from one owner to another; read it with :func:`read_flag`."""
     return ScriptCall(
         _lua.TRANSFER,
         _names(prefix, key),
-        (from_owner.encode(), to_owner.encode(), ttl_ms, _counter_px(ttl_ms, counter_ttl_ms)),
+        (
+            from_owner.encode(),
+            to_owner.encode(),
+            ttl_ms,
+            _counter_px(ttl_ms, counter_ttl_ms),
+            publish,
+        ),
     )
+
+
+def remaining_request(prefix: bytes, key: str) -> tuple[str, bytes]:
+    """The ``PTTL`` of the lease on ``key``; read the reply with :func:`read_remaining`."""
+    return ("PTTL", _keys.lease_name(prefix, key))
+
+
+def read_remaining(reply: object) -> int | None:
+    """``PTTL``'s reply: milliseconds left, ``None`` when the key is free (-2).
+
+    A key without a TTL (-1) is not a lease leasekit wrote: look again in a second.
+    """
+    if not isinstance(reply, int) or reply == -2:
+        return None
+    return 1000 if reply == -1 else max(1, reply)
 
 
 def owner_request(prefix: bytes, key: str) -> tuple[str, bytes]:

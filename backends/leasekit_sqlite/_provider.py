@@ -116,7 +116,7 @@ class SQLiteLeaseProvider(BackendProvider):
     """
 
     backend: ClassVar[str] = _BACKEND
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities: Capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
         ttl_resolution_ms=1,
