@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__, available_backends, connect
 from ._capabilities import capabilities_of
 from ._demo import DemoConfig, DemoReport, Holding, Views, run_demo
-from ._errors import InvalidLeaseArgument, LeaseError
+from ._errors import InvalidLeaseArgument, LeaseBackendTimeout, LeaseError
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -126,9 +126,19 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
+        # argparse shows a REMAINDER as required; the pytest arguments are optional.
+        usage="leasekit check [-h] [--timeout-s S] URL [PYTEST_ARGS ...]",
         help="run the conformance suite against a live store",
         description="Run the leasekit conformance suite against URL (needs "
-        "pip install 'leasekit[test]'). Extra arguments go to pytest.",
+        "pip install 'leasekit[test]'), once one call to the store has answered. "
+        "Arguments after URL go to pytest.",
+    )
+    check.add_argument(
+        "--timeout-s",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="how long the store may take to answer the first call (default 5)",
     )
     check.add_argument("url", metavar="URL")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
@@ -167,20 +177,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _render(views: Views, elapsed_s: float, killed: str | None) -> Any:
-    from rich.table import Table  # noqa: PLC0415 (rich is loaded only when drawing)
+    from rich.markup import escape  # noqa: PLC0415 (rich is loaded only when drawing)
+    from rich.table import Table  # noqa: PLC0415
 
     table = Table(title=f"leasekit demo  {elapsed_s:4.1f} s", title_justify="left", min_width=64)
     table.add_column("thread key")
     table.add_column("owner")
+    # Keys and owners are user data: "[x]" in one must print as itself, not as markup.
     for key, owner in views.items():
         if owner is None:
-            table.add_row(key, "[dim]free[/dim]")
+            table.add_row(escape(key), "[dim]free[/dim]")
         elif owner == killed:
-            table.add_row(key, f"[red]{owner} (killed, expiring)[/red]")
+            table.add_row(escape(key), f"[red]{escape(owner)} (killed, expiring)[/red]")
         else:
-            table.add_row(key, f"[green]{owner}[/green]")
+            table.add_row(escape(key), f"[green]{escape(owner)}[/green]")
     if killed is not None:
-        table.caption = f"killed {killed} while it held a lease"
+        table.caption = escape(f"killed {killed} while it held a lease")
     return table
 
 
@@ -296,6 +308,9 @@ async def _inspect(args: argparse.Namespace) -> int:
         records = await lister(args.prefix, limit=args.limit)
     if args.json:
         print(json.dumps([asdict(r) for r in records]))
+    elif not records:
+        under = f" under the prefix {args.prefix!r}" if args.prefix else ""
+        print(f"no live leases{under}")
     else:
         for r in records:
             print(f"{r.key}\t{r.owner}\ttoken={r.token}\tremaining_ms={r.remaining_ms}")
@@ -322,6 +337,7 @@ def _backends(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(info) for info in infos]))
         return EXIT_OK
     from rich.console import Console  # noqa: PLC0415
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     table = Table()
@@ -332,11 +348,36 @@ def _backends(args: argparse.Namespace) -> int:
         flags = ""
         if caps is not None:
             names = [k for k, v in asdict(caps).items() if v is True]
-            flags = f"{', '.join(names)}; TTL step {caps.ttl_resolution_ms} ms"
+            flags = f"{', '.join(names) or 'none'}; TTL step {caps.ttl_resolution_ms} ms"
         loads = "yes" if info.loadable else f"no: {info.error}"
-        table.add_row(info.scheme, info.distribution or "(registered)", loads, flags)
+        # Every cell is plain text: rich would read "leasekit[redis]" in a pip hint as
+        # markup and print "leasekit".
+        cells = (info.scheme, info.distribution or "(registered)", loads, flags)
+        table.add_row(*(escape(cell) for cell in cells))
     Console(width=max(Console().width, 120)).print(table)
     return EXIT_OK
+
+
+async def _probe(url: str, timeout_s: float) -> None:
+    """Open ``url`` and make one call, all within ``timeout_s``.
+
+    A store that is down then fails ``check`` with one line, instead of every test of
+    the suite failing with its own traceback after its own timeout.
+    """
+
+    async def one_call() -> None:
+        async with connect(url) as provider:
+            await provider.get_lease_owner("leasekit-check/probe")
+
+    try:
+        await asyncio.wait_for(one_call(), timeout_s)
+    except asyncio.TimeoutError:
+        # The URL may carry a password: name the scheme only.
+        scheme = url.split(":", 1)[0]
+        raise LeaseBackendTimeout(
+            f"the store gave no answer within {timeout_s:g} s; the conformance suite did not run",
+            backend=scheme,
+        ) from None
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -348,6 +389,7 @@ def _check(args: argparse.Namespace) -> int:
             f"leasekit check needs the test extra ({exc.name} is missing): "
             "pip install 'leasekit[test]'"
         ) from exc
+    asyncio.run(_probe(args.url, args.timeout_s))
     command = [
         sys.executable,
         "-m",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +106,15 @@ def test_inspect_lists_live_leases(url: str) -> None:
     assert all(0 < r["remaining_ms"] <= 60000 for r in records)
 
 
+def test_inspect_of_an_empty_store_says_so(url: str) -> None:
+    run = leasekit("inspect", url)
+    assert (run.returncode, run.stdout.strip()) == (0, "no live leases"), run.stderr
+    leasekit("acquire", url, "other", "c", "--ttl-ms", "60000")
+    run = leasekit("inspect", url, "--prefix", "jobs/")
+    assert run.stdout.strip() == "no live leases under the prefix 'jobs/'"
+    assert json.loads(leasekit("inspect", url, "--prefix", "jobs/", "--json").stdout) == []
+
+
 def test_inspect_on_a_backend_that_cannot_list_is_a_usage_error() -> None:
     run = leasekit("inspect", "memory://")
     assert run.returncode == 2
@@ -159,6 +171,39 @@ def test_backends_lists_schemes_with_capabilities() -> None:
     assert "yes" in table.stdout
 
 
+def test_backends_table_prints_the_install_hint_of_a_missing_extra_verbatim() -> None:
+    # The redis driver made unimportable, as on a machine without the extra: the hint
+    # must keep its "[redis]", which rich would otherwise read as markup and drop.
+    hide_redis = (
+        "import sys; sys.modules['redis'] = None; "
+        "from leasekit._cli import main; sys.exit(main(['backends']))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide_redis],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "COLUMNS": "400"},  # one table row per line
+    )
+    assert run.returncode == 0, run.stderr
+    redis_rows = [line for line in run.stdout.splitlines() if line.split()[1:2] == ["redis"]]
+    assert len(redis_rows) == 1, run.stdout
+    assert "pip install 'leasekit[redis]'" in redis_rows[0]
+
+
+def test_demo_live_view_prints_keys_and_owners_verbatim() -> None:
+    from leasekit._cli import _render  # noqa: PLC0415 (the live view, drawn off-screen)
+
+    rich_console = pytest.importorskip("rich.console")
+    console = rich_console.Console(width=120, record=True, file=io.StringIO())
+    console.print(_render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
+    text = console.export_text()
+    assert "[bold]k" in text
+    assert "[red]w (killed, expiring)" in text
+    assert "killed [red]w while it held a lease" in text
+
+
 # -- the verdict's checker ---------------------------------------------------------------
 
 
@@ -193,7 +238,49 @@ def test_check_runs_the_conformance_suite_and_leaves_nothing_behind(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_of_an_unknown_scheme_fails() -> None:
+def test_check_of_an_unknown_scheme_fails_like_every_command() -> None:
     run = leasekit("check", "nosuchscheme://x")
-    assert run.returncode != 0
-    assert "nosuchscheme" in run.stdout + run.stderr
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        line for line in run.stderr.strip().splitlines() if line.startswith("leasekit: error: ")
+    ]
+    assert "no leasekit backend for scheme 'nosuchscheme'" in run.stderr
+
+
+def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
+    pytest.importorskip("redis")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    # Nothing listens on the port now: every connection is refused.
+    run = leasekit("check", f"redis://127.0.0.1:{port}")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("leasekit: error: redis: ")
+
+
+def test_check_of_a_store_that_never_answers_fails_in_one_line_within_the_timeout() -> None:
+    pytest.importorskip("redis")
+    # A listener that accepts connections (the kernel completes the handshake) and
+    # never reads or answers: a stalled store.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        run = leasekit("check", "--timeout-s", "1", f"redis://127.0.0.1:{port}")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert lines == [
+        "leasekit: error: redis: the store gave no answer within 1 s; "
+        "the conformance suite did not run"
+    ], run.stderr
+
+
+def test_check_usage_shows_the_pytest_arguments_as_optional() -> None:
+    run = leasekit("check", "--help")
+    assert run.returncode == 0
+    assert "URL [PYTEST_ARGS ...]" in run.stdout
