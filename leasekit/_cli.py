@@ -196,15 +196,32 @@ def _render(views: Views, elapsed_s: float, killed: str | None) -> Any:
     return table
 
 
-def _print_report(report: DemoReport) -> None:
+_SHOWN_VIOLATIONS = 10
+
+
+def _print_report(report: DemoReport, ttl_ms: int) -> None:
+    calls = report.calls
     print()
-    print(f"operations   {report.operations}")
-    print(f"acquired     {report.acquired}")
+    print(f"operations   {report.operations}   calls to the store by the workers:")
+    print(
+        f"               {calls.get('acquire_lease', 0)} acquires ({report.denials} denied: "
+        "the key, or the place next in line for it, was held by another worker)"
+    )
+    print(f"               {report.renewals} renewals while working on a key")
+    print(
+        f"               {report.lookups} lookups (get_lease_owner: who owns a key, "
+        "who is next in line)"
+    )
+    print(
+        f"               {calls.get('transfer_lease', 0)} transfers, "
+        f"{calls.get('release_lease', 0)} releases (of keys and of places in line)"
+    )
+    print(f"acquired     {report.acquired}   (keys won by an acquire; the rest were handed over)")
     print(f"routed       {report.routed}   (work sent to the current owner)")
     print(f"handoffs     {report.handoffs}   (transfers to a queued successor, never free)")
     print(f"takeovers    {report.takeovers}   (a killed owner's key taken after its TTL)")
-    print(f"releases     {report.releases}")
-    print(f"killed       {report.killed or 'nobody (no holder found in time)'}")
+    print(f"releases     {report.releases}   (keys let go with nobody next in line)")
+    print(f"killed       {_describe_kill(report, ttl_ms)}")
     print(f"holdings     {len(report.holdings)}   (ownership intervals checked)")
     if report.exclusive:
         print("verdict      OK: zero overlapping ownerships")
@@ -214,8 +231,23 @@ def _print_report(report: DemoReport) -> None:
         f"{len(report.token_disorder)} fencing-token inversions"
     )
     origin = min(h.start_s for h in report.holdings)
-    for first, second in (report.overlaps + report.token_disorder)[:10]:
+    violations = report.overlaps + report.token_disorder
+    for first, second in violations[:_SHOWN_VIOLATIONS]:
         print("  " + "  overlaps  ".join(_describe(h, origin) for h in (first, second)))
+    if len(violations) > _SHOWN_VIOLATIONS:
+        print(f"  and {len(violations) - _SHOWN_VIOLATIONS} more")
+
+
+def _describe_kill(report: DemoReport, ttl_ms: int) -> str:
+    if report.killed is None:
+        return "nobody (no holder found in time)"
+    held = f"{report.killed} while it held {report.killed_key}"
+    if report.takeover_s is None:
+        return f"{held}; nobody took {report.killed_key} over before the run ended"
+    return (
+        f"{held}; {report.taken_over_by} took it over {report.takeover_s:.2f} s later "
+        f"(its TTL of {ttl_ms} ms ran out, then the next acquire won)"
+    )
 
 
 def _describe(holding: Holding, origin_s: float) -> str:
@@ -260,7 +292,7 @@ async def _demo(args: argparse.Namespace) -> int:
                         live.update(_render(views, elapsed_s, killed), refresh=True)
 
                     report = await run_demo(provider, config, on_tick=tick)
-    _print_report(report)
+    _print_report(report, args.ttl_ms)
     return EXIT_OK if report.exclusive else EXIT_NO
 
 

@@ -89,7 +89,15 @@ class DemoReport:
     handoffs: int = 0
     takeovers: int = 0
     releases: int = 0
+    renewals: int = 0
+    lookups: int = 0  # get_lease_owner: who owns a key, who is next in line for it
+    denials: int = 0  # acquires refused because another owner held the key or the queue slot
+    calls: dict[str, int] = field(default_factory=dict)  # per contract method
     killed: str | None = None
+    killed_key: str | None = None
+    killed_at_s: float | None = None  # time.monotonic() of the kill
+    taken_over_by: str | None = None
+    takeover_s: float | None = None  # from the kill to the next owner's grant on killed_key
     holdings: list[Holding] = field(default_factory=list)
     overlaps: list[tuple[Holding, Holding]] = field(default_factory=list)
     token_disorder: list[tuple[Holding, Holding]] = field(default_factory=list)
@@ -130,7 +138,11 @@ class _Worker:
 
     async def op(self, name: str, *args: Any) -> Any:
         self.log.counts["operations"] += 1
-        return await getattr(self.provider, name)(*args)
+        self.log.counts[f"call:{name}"] += 1
+        result = await getattr(self.provider, name)(*args)
+        if name == "acquire_lease" and not result.acquired:
+            self.log.counts["denials"] += 1
+        return result
 
     async def run(self) -> None:
         try:
@@ -234,7 +246,8 @@ async def run_demo(
         owners = [f"worker-{i}-{uuid.uuid4().hex[:6]}" for i in range(config.workers)]
         runners = _start_workers(provider, config, owners, in_processes=in_processes)
         try:
-            killed = await _watch(provider, config, runners, start, on_tick)
+            kill = await _watch(provider, config, runners, start, on_tick)
+            killed = kill.owner if kill is not None else None
             await _join(runners, config, killed)
         finally:
             for runner in runners.values():
@@ -243,8 +256,32 @@ async def run_demo(
                 elif runner.is_alive():
                     runner.kill()
         report = judge(Path(log_dir), config.ttl_ms / 1000)
-        report.killed = killed
+        if kill is not None:
+            _describe_takeover(report, kill)
         return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Kill:
+    owner: str
+    key: str
+    at_s: float  # time.monotonic(): one clock for every process on the host
+
+
+def _describe_takeover(report: DemoReport, kill: _Kill) -> None:
+    """Record who was killed holding which key, and who took that key over how soon."""
+    report.killed, report.killed_key, report.killed_at_s = kill.owner, kill.key, kill.at_s
+    successors = sorted(
+        (
+            h
+            for h in report.holdings
+            if h.key == kill.key and h.owner != kill.owner and h.start_s >= kill.at_s
+        ),
+        key=lambda h: h.start_s,
+    )
+    if successors:
+        report.taken_over_by = successors[0].owner
+        report.takeover_s = successors[0].start_s - kill.at_s
 
 
 def _start_workers(
@@ -269,18 +306,18 @@ async def _watch(
     runners: dict[str, Any],
     start: float,
     on_tick: Callable[[Views, float, str | None], None] | None,
-) -> str | None:
+) -> _Kill | None:
     """Show owners until the deadline; a third of the way in, kill a holder."""
-    killed: str | None = None
+    kill: _Kill | None = None
     kill_at = start + config.seconds / 3
     while time.monotonic() < config.deadline:
         await asyncio.sleep(0.25)
         views = {key: await provider.get_lease_owner(key) for key in config.key_names}
-        if killed is None and time.monotonic() >= kill_at:
-            killed = _kill_a_holder(views, runners)
+        if kill is None and time.monotonic() >= kill_at:
+            kill = _kill_a_holder(views, runners)
         if on_tick is not None:
-            on_tick(views, time.monotonic() - start, killed)
-    return killed
+            on_tick(views, time.monotonic() - start, kill.owner if kill is not None else None)
+    return kill
 
 
 async def _join(runners: dict[str, Any], config: DemoConfig, killed: str | None) -> None:
@@ -295,17 +332,17 @@ async def _join(runners: dict[str, Any], config: DemoConfig, killed: str | None)
                 runner.kill()
 
 
-def _kill_a_holder(views: Views, runners: dict[str, Any]) -> str | None:
+def _kill_a_holder(views: Views, runners: dict[str, Any]) -> _Kill | None:
     """Kill one worker that holds a key right now, the way a crash or OOM kill would."""
-    for owner in views.values():
+    for key, owner in views.items():
         runner = runners.get(owner) if owner is not None else None
-        if runner is None:
+        if owner is None or runner is None:
             continue
         if isinstance(runner, asyncio.Task):
             runner.cancel()  # no finally-release in the worker: the lease is abandoned
         else:
             os.kill(runner.pid, signal.SIGKILL)
-        return owner
+        return _Kill(owner, key, time.monotonic())
     return None
 
 
@@ -339,6 +376,13 @@ def judge(log_dir: Path, ttl_s: float) -> DemoReport:
             report.routed += event.get("routed", 0)
             report.handoffs += event.get("handoffs", 0)
             report.releases += event.get("releases", 0)
+            report.denials += event.get("denials", 0)
+            for name, count in event.items():
+                if name.startswith("call:"):
+                    method = name.removeprefix("call:")
+                    report.calls[method] = report.calls.get(method, 0) + count
+    report.renewals = report.calls.get("renew_lease", 0)
+    report.lookups = report.calls.get("get_lease_owner", 0)
     # No "end": the worker died holding it, believing in it until the lease ran out.
     for hold in open_holds.values():
         report.holdings.append(_holding(hold, hold["last_grant"] + ttl_s, "killed"))

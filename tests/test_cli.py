@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from leasekit._demo import Holding, find_overlaps
+from leasekit._demo import DemoReport, Holding, find_overlaps
 
 
 def leasekit(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -34,7 +35,20 @@ def test_demo_default_runs_processes_on_sqlite_and_reports_no_overlap() -> None:
     assert "(processes)" in run.stdout
     assert "sqlite:///" in run.stdout
     assert "verdict      OK: zero overlapping ownerships" in run.stdout
-    assert "killed       worker-" in run.stdout  # a holder was killed mid-lease
+    # A holder was killed mid-lease; the report names its key and the takeover.
+    killed = next(line for line in run.stdout.splitlines() if line.startswith("killed "))
+    assert re.fullmatch(
+        r"killed +worker-\S+ while it held thread-\d; "
+        r"(worker-\S+ took it over \d+\.\d\d s later \(its TTL of 400 ms ran out.*"
+        r"|nobody took thread-\d over before the run ended)",
+        killed,
+    ), killed
+    # The operation count is explained call by call.
+    assert re.search(
+        r"^operations +\d+ +calls to the store by the workers:$", run.stdout, re.MULTILINE
+    )
+    for part in ("acquires (", "denied", "renewals", "lookups (get_lease_owner", "transfers"):
+        assert part in run.stdout
     assert "thread-0" in run.stdout  # the live view showed owners per key
 
 
@@ -51,6 +65,21 @@ def test_demo_verdict_catches_a_provider_without_exclusion() -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     assert "VIOLATED" in run.stdout
     assert "overlaps" in run.stdout
+
+
+def test_demo_verdict_lists_ten_violations_then_counts_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leasekit._cli import _print_report  # noqa: PLC0415 (the verdict, without a run)
+
+    holdings = [_h(f"w{i}", 0, 1) for i in range(13)]  # 13 owners at once
+    overlaps, _ = find_overlaps(holdings)
+    report = DemoReport(holdings=holdings, overlaps=overlaps)
+    _print_report(report, ttl_ms=600)
+    out = capsys.readouterr().out
+    assert f"VIOLATED: {len(overlaps)} overlapping ownerships" in out
+    assert out.count("  overlaps  ") == 10
+    assert out.rstrip().endswith(f"  and {len(overlaps) - 10} more")
 
 
 def test_demo_rejects_nonpositive_numbers() -> None:
