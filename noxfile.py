@@ -10,8 +10,9 @@ nox.options.error_on_missing_interpreters = False
 nox.options.sessions = ["lint", "types", "tests", "docs"]
 
 PYTHON = "3"  # whichever python3 runs nox; CI pins nothing more
-# Every backend's driver, so the suite runs against each and mypy sees their types.
-TEST_EXTRAS = "test,redis,postgres,etcd"
+# leasekit's own test needs and every backend's driver, so the suite runs against each and
+# mypy sees their types.
+TEST_EXTRAS = "self-test,redis,postgres,etcd"
 
 
 def install_and_run(session: nox.Session, extras: str, *command: str) -> None:
