@@ -1,4 +1,4 @@
-"""The memory:// provider against every row of the contract table (DESIGN.md §2).
+"""The memory:// provider against every row of the contract table (docs/contract.md).
 
 Expiry is driven by a fake monotonic clock, so no assertion depends on how fast the
 machine is; two small real-sleep tests check the default clock with wide margins.

@@ -1,4 +1,4 @@
-"""One test per row of the semantics table (DESIGN.md section 2), named as the rule it checks.
+"""One test per row of the semantics table (docs/contract.md), named as the rule it checks.
 
 Every test checks the exact return types too: ``renew_lease``/``transfer_lease``
 return a real ``bool`` (not a driver's ``1``), ``get_lease_owner`` a ``str`` (not
