@@ -648,11 +648,25 @@ async def test_racing_acquirers_get_one_winner_and_every_loser_names_it(
 # -- fencing tokens and the sweep ---------------------------------------------------------------
 
 
+def age_rows(postgres_url: str, table: str, keys: list[str], *, by_s: float) -> None:
+    """Move the expiry of ``keys``' rows ``by_s`` seconds into the server's past."""
+    with admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET expires_at = least(expires_at, clock_timestamp()) "
+                "- make_interval(secs => %s) WHERE key = ANY(%s)"
+            ).format(identifier(table)),
+            (by_s, [key.encode() for key in keys]),
+        )
+
+
 async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
     postgres_url: str, postgres_table: str
 ) -> None:
+    # Rows grow old on the server's clock, moved there by an UPDATE: no sleep, and no
+    # window a slow machine could miss (the grace period is a minute).
     async with PostgresLeaseProvider.from_url(
-        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=1.1, sweep_every=0,
+        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=60, sweep_every=0,
         sweep_batch=7,
     ) as provider:  # fmt: skip
         tokens = {}
@@ -660,14 +674,15 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
             result = await provider.acquire_lease(f"k{i}", "a", 1 if i < 10 else LONG_MS)
             tokens[f"k{i}"] = result.token
         assert await provider.sweep() == 0  # expired, but not for the grace period yet
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, [f"k{i}" for i in range(10)], by_s=120)
         await provider.release_lease("k19", "a")  # a fresh tombstone
         assert await provider.sweep() == 7  # one batch
         assert await provider.sweep() == 3
         assert await provider.sweep() == 0
         assert await provider.row_count() == 10  # the live leases and the fresh tombstone
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, ["k19"], by_s=120)
         assert await provider.sweep() == 1  # the tombstone, now old
+        assert await provider.row_count() == 9
         for key, token in tokens.items():
             result = await provider.acquire_lease(key, "b", LONG_MS)
             if key in ("k19", *(f"k{i}" for i in range(10))):
