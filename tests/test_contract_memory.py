@@ -57,6 +57,7 @@ def suite_size() -> int:
     return size
 
 
+@pytest.mark.slow  # the whole suite, in a child pytest
 def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     # A project of its own, whose tests and conftests the plugin must keep out of the
     # run (either conftest fails the run if loaded); its settings still apply.

@@ -422,6 +422,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # six CLI processes
 def test_leasekit_migrate_creates_the_schema_up_front(
     postgres_url: str, postgres_table: str, tmp_path: Path
 ) -> None:
@@ -768,6 +769,7 @@ async def test_a_grant_that_waited_for_a_row_lock_lives_its_full_ttl_after_the_g
         )
 
 
+@pytest.mark.slow  # 800 statements and a wait past the grace
 async def test_background_sweeps_keep_the_table_bounded(
     postgres_url: str, postgres_table: str
 ) -> None:

@@ -138,6 +138,7 @@ async def test_schema_creation_is_idempotent_across_many_providers(db_path: Path
 # -- sweeping ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 100,000 acquires
 async def test_table_stays_proportional_to_live_keys_after_100k_churned_keys(
     db_path: Path,
 ) -> None:
