@@ -202,7 +202,9 @@ _SHOWN_VIOLATIONS = 10
 def _print_report(report: DemoReport, ttl_ms: int) -> None:
     calls = report.calls
     print()
-    print(f"operations   {report.operations}   calls to the store by the workers:")
+    # A killed worker never writes its totals: its calls are not in these counts.
+    survivors = "the workers" if report.killed is None else "the workers that were not killed"
+    print(f"operations   {report.operations}   calls to the store by {survivors}:")
     print(
         f"               {calls.get('acquire_lease', 0)} acquires ({report.denials} denied: "
         "the key, or the place next in line for it, was held by another worker)"
