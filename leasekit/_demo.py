@@ -41,6 +41,8 @@ from ._contract import LeaseProvider
 __all__ = ["DemoConfig", "DemoReport", "Holding", "find_overlaps", "judge", "run_demo"]
 
 _SUCCESSOR_PATIENCE_MS = 1000  # how long a queued successor waits for a handoff
+_START_FILE = "start"  # in the log directory: the run's deadline, once every worker is ready
+_READY_PATIENCE_S = 120.0  # how long workers may take to start and connect
 
 
 def _successor_slot(key: str) -> str:
@@ -59,7 +61,9 @@ class DemoConfig:
     seconds: float = 10.0
     ttl_ms: int = 600
     log_dir: str = ""
-    deadline: float = 0.0  # time.monotonic(), shared by every process on the host
+    # time.monotonic(), one clock for every process on the host. Set by the driver once
+    # every worker is connected; workers learn it from the start file (_START_FILE).
+    deadline: float = 0.0
 
     @property
     def key_names(self) -> list[str]:
@@ -146,6 +150,10 @@ class _Worker:
 
     async def run(self) -> None:
         try:
+            # The run starts when every worker is connected, so a slow start (spawning
+            # interpreters on a loaded machine) never eats into the contention.
+            deadline = await _wait_for_start(Path(self.config.log_dir))
+            self.config = dataclasses.replace(self.config, deadline=deadline)
             while time.monotonic() < self.config.deadline:
                 key = self.rng.choice(self.config.key_names)
                 asked = time.monotonic()
@@ -210,6 +218,35 @@ class _Worker:
         await self.op("release_lease", slot, self.owner)
 
 
+async def _wait_for_start(log_dir: Path) -> float:
+    """The run's deadline, once the driver has written it into the start file."""
+    path = log_dir / _START_FILE
+    while not path.exists():  # noqa: ASYNC110 (another process writes it: no event to await)
+        await asyncio.sleep(0.01)
+    return float(path.read_text(encoding="utf-8"))
+
+
+def _announce_start(log_dir: Path, deadline: float) -> None:
+    """Write the start file in one step (a rename), so no worker reads half of it."""
+    partial = log_dir / (_START_FILE + ".partial")
+    partial.write_text(repr(deadline), encoding="utf-8")
+    partial.replace(log_dir / _START_FILE)
+
+
+async def _wait_until_ready(log_dir: Path, runners: dict[str, Any]) -> None:
+    """Return once every worker has connected (its log file exists)."""
+    give_up = time.monotonic() + _READY_PATIENCE_S
+    while not all((log_dir / f"{owner}.jsonl").exists() for owner in runners):
+        for owner, runner in runners.items():
+            if isinstance(runner, asyncio.Task) and runner.done():
+                runner.result()  # a worker that failed to start raises its error here
+            elif not isinstance(runner, asyncio.Task) and runner.exitcode is not None:
+                raise RuntimeError(f"demo worker {owner} exited with {runner.exitcode}")
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"demo workers did not start within {_READY_PATIENCE_S:g} s")
+        await asyncio.sleep(0.02)
+
+
 def _worker_process(config: DemoConfig, owner: str) -> None:
     """Entry point of a spawned worker: its own event loop and its own connection."""
     from . import connect  # noqa: PLC0415 (spawned children import the package fresh)
@@ -241,11 +278,14 @@ async def run_demo(
     """
     in_processes = capabilities_of(provider).shared_across_processes
     with tempfile.TemporaryDirectory(prefix="leasekit-demo-") as log_dir:
-        start = time.monotonic()
-        config = dataclasses.replace(config, log_dir=log_dir, deadline=start + config.seconds)
+        config = dataclasses.replace(config, log_dir=log_dir)
         owners = [f"worker-{i}-{uuid.uuid4().hex[:6]}" for i in range(config.workers)]
         runners = _start_workers(provider, config, owners, in_processes=in_processes)
         try:
+            await _wait_until_ready(Path(log_dir), runners)
+            start = time.monotonic()
+            config = dataclasses.replace(config, deadline=start + config.seconds)
+            _announce_start(Path(log_dir), config.deadline)
             kill = await _watch(provider, config, runners, start, on_tick)
             killed = kill.owner if kill is not None else None
             await _join(runners, config, killed)
