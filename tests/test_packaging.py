@@ -89,6 +89,7 @@ def test_the_sdist_ships_every_file_the_tests_and_the_readme_use(sdist: Path) ->
     assert not missing, f"the sdist lacks files the tests or the README use: {missing}"
 
 
+@pytest.mark.slow  # a child pytest, and the hooks benchmark in it
 def test_tests_pass_from_the_unpacked_sdist(sdist: Path) -> None:
     # Tests that read benchmarks/, examples/, docs/, .ci/run and the README, run from
     # the sdist's own tree (leasekit itself is the one installed here).
