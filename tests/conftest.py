@@ -10,6 +10,23 @@ from pathlib import Path
 import pytest
 from servers import PostgresServer, RedisClusterServer, RedisServer, missing_server
 
+# The conformance suite's checks that start OS processes (spawn, one interpreter each,
+# several rounds): over 5 s on most backends. The suite itself carries no marks, since
+# a third party's --strict-markers would refuse an unregistered one, so they are
+# marked here.
+PROCESS_CHECKS = frozenset(
+    {
+        "test_racing_processes_get_exactly_one_winner_per_round",
+        "test_churning_processes_never_overlap_as_holders",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function) and item.originalname in PROCESS_CHECKS:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

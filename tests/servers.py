@@ -1,6 +1,6 @@
 """Real servers for the test suite: our own processes, on free loopback ports, in temp dirs.
 
-Every backend's tests run against a real server, never a mock (DESIGN.md §8).
+Every backend's tests run against a real server, never a mock (docs/testing.md).
 :class:`ServerProcess` is the common shape: start one server process in its own
 process group, wait until it answers, and tear the whole group down at the end. It
 also injects faults for reliability tests: :meth:`~ServerProcess.pause` (SIGSTOP),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import datetime
 import os
 import socket
 import subprocess
@@ -426,6 +427,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # six CLI processes
 def test_leasekit_migrate_creates_the_schema_up_front(
     postgres_url: str, postgres_table: str, tmp_path: Path
 ) -> None:
@@ -653,11 +655,25 @@ async def test_racing_acquirers_get_one_winner_and_every_loser_names_it(
 # -- fencing tokens and the sweep ---------------------------------------------------------------
 
 
+def age_rows(postgres_url: str, table: str, keys: list[str], *, by_s: float) -> None:
+    """Move the expiry of ``keys``' rows ``by_s`` seconds into the server's past."""
+    with admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET expires_at = least(expires_at, clock_timestamp()) "
+                "- make_interval(secs => %s) WHERE key = ANY(%s)"
+            ).format(identifier(table)),
+            (by_s, [key.encode() for key in keys]),
+        )
+
+
 async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
     postgres_url: str, postgres_table: str
 ) -> None:
+    # Rows grow old on the server's clock, moved there by an UPDATE: no sleep, and no
+    # window a slow machine could miss (the grace period is a minute).
     async with PostgresLeaseProvider.from_url(
-        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=1.1, sweep_every=0,
+        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=60, sweep_every=0,
         sweep_batch=7,
     ) as provider:  # fmt: skip
         tokens = {}
@@ -665,14 +681,15 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
             result = await provider.acquire_lease(f"k{i}", "a", 1 if i < 10 else LONG_MS)
             tokens[f"k{i}"] = result.token
         assert await provider.sweep() == 0  # expired, but not for the grace period yet
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, [f"k{i}" for i in range(10)], by_s=120)
         await provider.release_lease("k19", "a")  # a fresh tombstone
         assert await provider.sweep() == 7  # one batch
         assert await provider.sweep() == 3
         assert await provider.sweep() == 0
         assert await provider.row_count() == 10  # the live leases and the fresh tombstone
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, ["k19"], by_s=120)
         assert await provider.sweep() == 1  # the tombstone, now old
+        assert await provider.row_count() == 9
         for key, token in tokens.items():
             result = await provider.acquire_lease(key, "b", LONG_MS)
             if key in ("k19", *(f"k{i}" for i in range(10))):
@@ -684,6 +701,80 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
                 assert result == leasekit.LeaseResult(False, "a", None)
 
 
+async def test_sweeping_the_row_with_the_highest_token_never_lowers_the_next_token(
+    postgres_url: str, postgres_table: str
+) -> None:
+    # Tokens come from the sequence, not from what the table still holds: a token
+    # derived from max(token) + 1 would repeat once the row holding the max is gone.
+    async with PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, sweep_grace_s=60, sweep_every=0
+    ) as provider:
+        low = await provider.acquire_lease("low", "a", LONG_MS)
+        high = await provider.acquire_lease("high", "a", LONG_MS)
+        assert low.token is not None
+        assert high.token is not None
+        assert high.token > low.token
+        await provider.release_lease("high", "a")
+        age_rows(postgres_url, postgres_table, ["high"], by_s=120)
+        assert await provider.sweep() == 1
+        assert await provider.row_count() == 1  # only "low" is left
+        again = await provider.acquire_lease("high", "b", LONG_MS)
+        assert again.acquired
+        assert again.token is not None
+        assert again.token > high.token, (low.token, high.token, again.token)
+
+
+async def test_a_grant_that_waited_for_a_row_lock_lives_its_full_ttl_after_the_grant(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    # Expiry counts from when the statement decides (clock_timestamp()), not from when
+    # its transaction began (now()): a grant that waited 1.5 s for another session's
+    # row lock must still live ttl_ms from the moment the lock was released.
+    async with PostgresLeaseProvider.from_url(
+        with_query(postgres_url, application_name=app_name),
+        table=postgres_table,
+        timeout_s=30,
+        sweep_every=0,
+    ) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        await provider.release_lease("k", "a")  # a free key, with a row to lock
+        other = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+        try:
+            await other.execute("BEGIN")
+            await other.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE key = 'k' FOR UPDATE").format(
+                    identifier(postgres_table)
+                )
+            )
+            task = await start_blocked(
+                provider.acquire_lease("k", "b", LONG_MS), postgres_url, app_name
+            )
+            await asyncio.sleep(1.5)  # the statement waits for the lock all along
+            cursor = await other.execute("SELECT clock_timestamp()")
+            row = await cursor.fetchone()
+            assert row is not None
+            released_at = row[0]
+            await other.execute("COMMIT")
+            result = await task
+        finally:
+            await other.close()
+        assert result.acquired
+        with admin(postgres_url) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT expires_at FROM {} WHERE key = 'k'").format(
+                    identifier(postgres_table)
+                )
+            ).fetchone()
+        assert row is not None
+        # The server's own times: the grant came after released_at, so it ends after
+        # released_at + ttl (now() would have counted from 1.5 s earlier).
+        assert row[0] >= released_at + datetime.timedelta(milliseconds=LONG_MS), (
+            row[0],
+            released_at,
+        )
+
+
+@pytest.mark.slow  # 800 statements and a wait past the grace
 async def test_background_sweeps_keep_the_table_bounded(
     postgres_url: str, postgres_table: str
 ) -> None:

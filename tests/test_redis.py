@@ -721,6 +721,26 @@ async def test_tokens_keep_increasing_after_the_counter_expired(
         assert tokens == sorted(set(tokens)), tokens
 
 
+async def test_a_counter_ahead_of_the_server_clock_still_orders_tokens(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # The counter is ahead of TIME when the server's clock stepped back, or after a
+    # failover to a replica with a slower clock: the next token must still exceed it.
+    async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as provider:
+        counter = provider.prefix.encode() + b"{k}:fence"
+        seconds, micros = await provider.client.time()
+        ahead = seconds * 1_000_000 + micros + 3_600 * 1_000_000  # an hour past TIME
+        await provider.client.set(counter, ahead)
+        first = await provider.acquire_lease("k", "a", LONG_MS)
+        assert first.acquired
+        assert first.token is not None
+        assert first.token > ahead, (ahead, first.token)
+        assert await provider.transfer_lease("k", "a", "b", LONG_MS)
+        second = await provider.acquire_lease("k", "b", LONG_MS)
+        assert second.token is not None
+        assert second.token > first.token
+
+
 async def test_counter_memory_per_key_is_what_the_docs_say(
     private_redis_server: RedisServer, redis_prefix: str
 ) -> None:
