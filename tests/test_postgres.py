@@ -12,8 +12,8 @@ Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
-import logging
 import datetime
+import logging
 import os
 import socket
 import subprocess
