@@ -115,9 +115,24 @@ def owner(sql: _sql.Statements, key: str) -> Operation[str | None]:
     return None if row is None else bytes(row[0]).decode()
 
 
-def release(sql: _sql.Statements, key: str, owner: str) -> Operation[None]:
-    """Release ``key`` if ``owner`` holds it (a tombstone stays, see ``_sql``)."""
-    yield Query(sql.release, {"key": key.encode(), "owner": owner.encode()}, "rowcount")
+def release(
+    sql: _sql.Statements, key: str, owner: str, channel: str | None = None
+) -> Operation[None]:
+    """Release ``key`` if ``owner`` holds it (a tombstone stays, see ``_sql``).
+
+    With a ``channel``, the same statement notifies the waiters listening on it.
+    """
+    params = {"key": key.encode(), "owner": owner.encode()}
+    if channel is None:
+        yield Query(sql.release, params, "rowcount")
+    else:
+        yield Query(sql.release_notify, {**params, "channel": channel}, "rowcount")
+
+
+def remaining(sql: _sql.Statements, key: str) -> Operation[int | None]:
+    """Milliseconds left on the live lease of ``key``, or ``None`` when it is free."""
+    row = yield Query(sql.remaining, {"key": key.encode()})
+    return None if row is None else max(1, int(row[0]))
 
 
 def renew(sql: _sql.Statements, key: str, owner: str, ttl_ms: int) -> Operation[bool]:
@@ -128,16 +143,25 @@ def renew(sql: _sql.Statements, key: str, owner: str, ttl_ms: int) -> Operation[
 
 
 def transfer(
-    sql: _sql.Statements, key: str, from_owner: str, to_owner: str, ttl_ms: int
+    sql: _sql.Statements,
+    key: str,
+    from_owner: str,
+    to_owner: str,
+    ttl_ms: int,
+    *,
+    channel: str | None = None,
 ) -> Operation[bool]:
     """Hand ``from_owner``'s live lease on ``key`` to ``to_owner``; whether it moved."""
-    params = {
+    params: dict[str, Any] = {
         "key": key.encode(),
         "from_owner": from_owner.encode(),
         "to_owner": to_owner.encode(),
         "ttl_ms": ttl_ms,
     }
-    moved: int = yield Query(sql.transfer, params, "rowcount")
+    if channel is None:
+        moved: int = yield Query(sql.transfer, params, "rowcount")
+    else:
+        moved = yield Query(sql.transfer_notify, {**params, "channel": channel}, "rowcount")
     return moved == 1
 
 

@@ -75,6 +75,8 @@ _PROVIDER = (
     Option("sweep_every", int, 100, minimum=0),
     Option("sweep_batch", int, 1000, minimum=1),
     Option("sweep_grace_s", float, 600.0, above=0),
+    # LISTEN/NOTIFY wake-ups for waiters; off behind a transaction-mode pgbouncer.
+    Option("notifications", bool, True),
 )
 
 PROVIDER_OPTIONS = OptionSet(BACKEND, _PROVIDER)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from leasekit import (
@@ -39,9 +40,17 @@ from leasekit import (
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import BackendProvider, ErrorMap, LeaseRecord, Option
+from leasekit.backend import (
+    BackendProvider,
+    ErrorMap,
+    LeaseRecord,
+    Option,
+    ReleaseHub,
+    ReleaseWatch,
+)
 
 from . import _calls, _sql
+from ._notify import PostgresReleaseListener, channel_for
 from ._options import BACKEND, PROVIDER_OPTIONS, check_grace, pool_settings, table_name
 
 __all__ = ["LeaseRecord", "PostgresClient", "PostgresLeaseProvider"]
@@ -94,6 +103,7 @@ class PostgresLeaseProvider(BackendProvider):
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=True,
+        release_notifications=True,
     )
     errors: ClassVar[ErrorMap] = ErrorMap(
         {
@@ -114,6 +124,7 @@ class PostgresLeaseProvider(BackendProvider):
         sweep_every: int = 100,
         sweep_batch: int = 1000,
         sweep_grace_s: float = 600.0,
+        notifications: bool = True,
         close_client: bool = False,
     ) -> None:
         options = PROVIDER_OPTIONS.parse(
@@ -124,6 +135,7 @@ class PostgresLeaseProvider(BackendProvider):
                 "sweep_every": sweep_every,
                 "sweep_batch": sweep_batch,
                 "sweep_grace_s": sweep_grace_s,
+                "notifications": notifications,
             }
         ).values
         check_grace(options)
@@ -156,6 +168,17 @@ class PostgresLeaseProvider(BackendProvider):
         self._ready_lock = asyncio.Lock()
         self._writes = 0
         self._sweeper: asyncio.Task[Any] | None = None
+        # Release notifications: pg_notify from the releasing statement, one LISTEN
+        # connection per provider outside the pool (see _notify).
+        self.notifications: bool = options["notifications"]
+        self._channel: str | None = None
+        if self.notifications:
+            self._channel = channel_for(str(table_name(self.table)))
+        else:
+            self.capabilities = replace(self.capabilities, release_notifications=False)
+        self._listener = PostgresReleaseListener(
+            self._listen_connection, self._channel or "", timeout_s=self.timeout_s
+        )
 
     @property
     def client(self) -> PostgresClient:
@@ -351,7 +374,9 @@ class PostgresLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        await self._run(lambda: _calls.release(self._sql, key, owner), key, write=True)
+        await self._run(
+            lambda: _calls.release(self._sql, key, owner, self._channel), key, write=True
+        )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -367,11 +392,62 @@ class PostgresLeaseProvider(BackendProvider):
         # Not retried on a lost connection: a transfer that ran before the connection
         # died would report False the second time.
         return await self._run(
-            lambda: _calls.transfer(self._sql, key, from_owner, to_owner, ttl_ms),
+            lambda: _calls.transfer(
+                self._sql, key, from_owner, to_owner, ttl_ms, channel=self._channel
+            ),
             key,
             write=True,
             idempotent=False,
         )
+
+    # -- waiting without polling -----------------------------------------------------------
+
+    async def watch_release(self, key: str) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer on the provider's ``LISTEN`` connection.
+
+        Expiry sends nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
+        With ``notifications=false`` there is no channel: waiters wait on that alone.
+        """
+        validate_key(key)
+        self._refuse_if_closed()
+        if self._channel is None:
+            return ReleaseHub().watch(key)
+        return await self._call(self._listener.watch(key), key)
+
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` by the server's clock."""
+        validate_key(key)
+        return await self._run(lambda: _calls.remaining(self._sql, key), key)
+
+    async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A new autocommit connection to the provider's server, for ``LISTEN``."""
+        if self._pool is not None:
+            conninfo, settings = self._pool.conninfo, self._pool.kwargs
+            if not isinstance(conninfo, str) or not isinstance(settings, dict):
+                # A pool configured with callables: no way to open a connection like its
+                # own from here. Waiters then go by the holder's remaining time.
+                raise LeaseBackendError(
+                    "cannot open a LISTEN connection for a pool configured with callables",
+                    backend=self.backend,
+                )
+            kwargs = dict(settings)
+        else:
+            assert self._conn is not None
+            info = self._conn.info
+            conninfo = make_conninfo(info.dsn, password=info.password or None)
+            kwargs = {}
+        kwargs["autocommit"] = True
+        return await _calls.open_connection(conninfo, kwargs, where=self._where())
+
+    async def break_notifications(self) -> None:
+        """Cut the ``LISTEN`` connection, as a network failure would (for tests)."""
+        await self._listener.break_connection()
+
+    async def aclose(self) -> None:
+        """Stop listening (waiters are woken), then close as every provider does."""
+        if not self.closed:
+            await self._listener.aclose()
+        await super().aclose()
 
     # -- beyond the contract ------------------------------------------------------------
 

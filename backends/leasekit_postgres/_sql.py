@@ -206,6 +206,44 @@ class Statements:
             """
         )
 
+        # The same two, telling waiters in the same statement: %(channel)s is the
+        # table's NOTIFY channel, the payload the key in hex (a payload is text and may
+        # not hold NUL). The notification goes out when the statement commits, so a
+        # woken waiter always finds the change. rowcount: 1 if released (or moved).
+        self.release_notify = compose(
+            """
+            WITH released AS (
+                UPDATE {table} SET expires_at = clock_timestamp()
+                WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+                RETURNING key
+            )
+            SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM released
+            """
+        )
+        self.transfer_notify = compose(
+            """
+            WITH moved AS (
+                UPDATE {table} SET
+                    token = CASE WHEN owner = %(to_owner)s THEN token
+                                 ELSE nextval({seq_regclass}) END,
+                    owner = %(to_owner)s,
+                    expires_at = {expires_in}
+                WHERE key = %(key)s AND owner = %(from_owner)s
+                    AND expires_at > clock_timestamp()
+                RETURNING key
+            )
+            SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM moved
+            """
+        )
+
+        # %(key)s -> milliseconds left on the live lease, or no row.
+        self.remaining = compose(
+            """
+            SELECT ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+            FROM {table} WHERE key = %(key)s AND expires_at > clock_timestamp()
+            """
+        )
+
         # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s -> rowcount 1 if moved. One
         # UPDATE rewrites owner, token and expiry together: the key is never free in
         # between. A transfer to oneself is a renew and keeps the token.
