@@ -489,3 +489,25 @@ def test_supports_checks_the_extras_structurally() -> None:
     assert not supports(Lister(), SupportsMigrate)
     with pytest.raises(TypeError):
         supports(Lister(), int)
+
+
+async def test_aclose_closes_the_release_listener_first_and_break_reaches_it() -> None:
+    events: list[str] = []
+
+    class Listener:
+        async def aclose(self) -> None:
+            events.append("listener closed")
+
+        async def break_connection(self) -> None:
+            events.append("broken")
+
+    class Notifying(GateProvider):
+        async def _close_client(self) -> None:
+            events.append("client closed")
+
+    provider = Notifying(Gate())
+    provider._release_listener = Listener()
+    await provider.break_notifications()
+    await provider.aclose()
+    await provider.aclose()
+    assert events == ["broken", "listener closed", "client closed"]

@@ -190,7 +190,7 @@ class EtcdLeaseProvider(BackendProvider):
         self._seen_held = _RecentKeys(_SEEN_HELD_KEYS)
         self._channels_closed = False
         self._watcher: Any = None
-        self._listener = EtcdReleaseListener(
+        self._listener = self._release_listener = EtcdReleaseListener(
             self._release_watcher, timeout_s=self.timeout_s, lost=self._forget_watcher
         )
 
@@ -386,12 +386,6 @@ class EtcdLeaseProvider(BackendProvider):
         watcher = self._watcher
         if watcher is not None:
             await watcher._terminate_stream(ConnectionError("watch stream cut"))
-
-    async def aclose(self) -> None:
-        """Stop the watches (waiters are woken), then close as every provider does."""
-        if not self.closed:
-            await self._listener.aclose()
-        await super().aclose()
 
     async def lease_ids(self) -> list[int]:
         """Every etcd lease in the cluster (``LeaseLeases``), not only this provider's.

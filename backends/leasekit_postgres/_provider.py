@@ -176,7 +176,7 @@ class PostgresLeaseProvider(BackendProvider):
             self._channel = channel_for(str(table_name(self.table)))
         else:
             self.capabilities = replace(self.capabilities, release_notifications=False)
-        self._listener = PostgresReleaseListener(
+        self._listener = self._release_listener = PostgresReleaseListener(
             self._listen_connection, self._channel or "", timeout_s=self.timeout_s
         )
 
@@ -438,16 +438,6 @@ class PostgresLeaseProvider(BackendProvider):
             kwargs = {}
         kwargs["autocommit"] = True
         return await _calls.open_connection(conninfo, kwargs, where=self._where())
-
-    async def break_notifications(self) -> None:
-        """Cut the ``LISTEN`` connection, as a network failure would (for tests)."""
-        await self._listener.break_connection()
-
-    async def aclose(self) -> None:
-        """Stop listening (waiters are woken), then close as every provider does."""
-        if not self.closed:
-            await self._listener.aclose()
-        await super().aclose()
 
     # -- beyond the contract ------------------------------------------------------------
 

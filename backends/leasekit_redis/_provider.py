@@ -239,7 +239,9 @@ class RedisLeaseProvider(BackendProvider):
             if not self.capabilities.release_notifications
             else (b"SPUBLISH" if cluster else b"PUBLISH")
         )
-        self._listener = RedisReleaseListener(client, sharded=cluster, timeout_s=self.timeout_s)
+        self._listener = self._release_listener = RedisReleaseListener(
+            client, sharded=cluster, timeout_s=self.timeout_s
+        )
 
     @property
     def client(self) -> RedisClient:
@@ -450,16 +452,6 @@ class RedisLeaseProvider(BackendProvider):
         command = _replies.remaining_request(self._prefix, key)
         reply = await self._call(self._send(self._client.execute_command, *command), key)
         return _replies.read_remaining(reply)
-
-    async def break_notifications(self) -> None:
-        """Cut the subscriber connection, as a network failure would (for tests)."""
-        await self._listener.break_connection()
-
-    async def aclose(self) -> None:
-        """Stop listening (waiters are woken), then close as every provider does."""
-        if not self.closed:
-            await self._listener.aclose()
-        await super().aclose()
 
     # -- beyond the contract ------------------------------------------------------------
 

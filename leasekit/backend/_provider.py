@@ -61,6 +61,11 @@ class BackendProvider:
     capabilities: Capabilities = Capabilities()
     errors: ClassVar[ErrorMap] = ErrorMap({}, backend="backend")
 
+    #: A backend with release notifications sets this to its listener (an object with
+    #: ``async aclose()``, and ``async break_connection()`` for the suite's lost-channel
+    #: check): ``aclose`` closes it first, waking every waiter.
+    _release_listener: Any = None
+
     def __init__(self, *, timeout_s: float, owns_client: bool) -> None:
         self.timeout_s = timeout_s
         self._owns_client = owns_client
@@ -197,6 +202,9 @@ class BackendProvider:
         if self._closing:
             return
         self._closing = True
+        if self._release_listener is not None:
+            # Woken waiters look again, and are refused: the provider is closing.
+            await self._release_listener.aclose()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         if self._inflight:
@@ -218,6 +226,11 @@ class BackendProvider:
                 pass  # the server stopped answering; its sockets close with the process
             except self.errors.types:
                 pass  # the connection was already broken: nothing left to close
+
+    async def break_notifications(self) -> None:
+        """Cut the release-notification channel, as a network failure would (for tests)."""
+        if self._release_listener is not None:
+            await self._release_listener.break_connection()
 
     async def __aenter__(self: _P) -> _P:
         """Connect and check the store now, so a wrong address shows up at the ``async with``."""
