@@ -2,8 +2,9 @@
 
     python benchmarks/handoff.py [URL ...] [--handoffs N] [--takeovers N] [--load-s S]
 
-Without a URL it starts its own redis-server (tests/servers.py, a free loopback port,
-a temporary directory) and also measures memory:// and a temporary SQLite file. See
+Without a URL it starts its own redis-server, PostgreSQL and etcd (tests/servers.py:
+free loopback ports, temporary directories) and also measures memory:// and a
+temporary SQLite file. See
 leasekit/_bench/_handoff.py for what each number means.
 """
 
@@ -33,13 +34,16 @@ def main(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         urls = list(args.urls)
         if not urls:
-            from servers import RedisServer  # noqa: PLC0415 (after the sys.path entry)
+            from servers import EtcdServer, PostgresServer, RedisServer  # noqa: PLC0415
 
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             urls = ["memory://", f"sqlite:///{workdir}/handoff.db"]
-            binary = RedisServer.find()
-            if binary is not None:
-                urls.append(stack.enter_context(RedisServer(binary, workdir / "redis")).url)
+            for server in (RedisServer, PostgresServer, EtcdServer):
+                binary = server.find()
+                if binary is not None:
+                    home = workdir / server.__name__
+                    home.mkdir()
+                    urls.append(stack.enter_context(server(binary, home)).url)
         for url in urls:
             report = run_handoff(
                 url, handoffs=args.handoffs, takeovers=args.takeovers, load_s=args.load_s

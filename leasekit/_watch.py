@@ -32,6 +32,9 @@ _DEFAULT_MAX_POLL_S = 1.0
 # After the holder's remaining time, look again a little later than the store's
 # expiry: the store's clock decides, and a look a hair early is wasted.
 _EXPIRY_SLACK_S = 0.002
+# With notifications, look again at least this often anyway: a channel that died
+# without anyone noticing must not leave a waiter asleep for a whole long TTL.
+_SAFETY_S = 5.0
 # Shorter polling pauses are not worth a request to learn the holder's remaining time.
 _REMAINING_WORTH_S = 0.1
 
@@ -108,12 +111,12 @@ class KeyWaiter:
             return True
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         if self._watch is not None and held:
-            limit = self._cap
+            limit = _SAFETY_S
             if self._remaining:
                 remaining_ms = await self._provider.lease_remaining_ms(self.key)
                 if remaining_ms is None:
                     return True  # free already: look again at once
-                limit = remaining_ms / 1000 + _EXPIRY_SLACK_S
+                limit = min(remaining_ms / 1000 + _EXPIRY_SLACK_S, _SAFETY_S)
             return await self._watch.wait(limit if left is None else min(limit, left))
         # Jittered, so waiters that were denied together do not all retry together.
         pause = self._delay * random.uniform(0.5, 1.0)
