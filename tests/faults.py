@@ -89,6 +89,32 @@ def leasekit_tasks() -> list[asyncio.Task[object]]:
     return found
 
 
+class LoopTurns:
+    """Counts event-loop turns: a task that steps once per turn while running.
+
+    Latency in loop turns is what the code controls; latency in milliseconds is what
+    the machine's load adds on top. Tests assert the former.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> LoopTurns:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+
 def shared_url(backend: str, tmp_path_str: str, name: str) -> str:
     """A URL whose connections share leases: a named memory store or one SQLite file."""
     if backend == "memory":
@@ -125,6 +151,7 @@ def documented_output(page: str, example: str) -> str:
 __all__ = [
     "PATIENCE_S",
     "ROOT",
+    "LoopTurns",
     "ScriptedProvider",
     "documented_output",
     "eventually",
