@@ -6,7 +6,8 @@ The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 :func:`hold` (acquire, renew in the background, release), :func:`wait_for`,
 :func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; event plugins in
 :mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
-marked with :data:`hookimpl`).
+marked with :data:`hookimpl`); a fake clock and fault injection for tests in
+:mod:`leasekit.testing` (the :class:`Clock` protocol is the seam they plug into).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._capabilities import Capabilities, capabilities_of
+from ._clock import Clock, RealClock
 from ._contract import (
     MAX_NAME_BYTES,
     MAX_TTL_MS,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from . import hookspecs as hookspecs
     from . import plugins as plugins
     from . import sync as sync
+    from . import testing as testing
     from .hookspecs import hookimpl
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "BackendLacksCapability",
     "BackendUnavailable",
     "Capabilities",
+    "Clock",
     "InvalidLeaseArgument",
     "LeaseBackendError",
     "LeaseBackendTimeout",
@@ -74,6 +78,7 @@ __all__ = [
     "ManagedLeaseProvider",
     "MemoryLeaseProvider",
     "NoopLeaseProvider",
+    "RealClock",
     "StaleFencingToken",
     "__version__",
     "available_backends",
@@ -133,7 +138,7 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
 
 # Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
 # that uses plugins (or the blocking API) pays for them.
-_LAZY_MODULES = frozenset({"hookspecs", "plugins", "sync"})
+_LAZY_MODULES = frozenset({"hookspecs", "plugins", "sync", "testing"})
 
 
 def __getattr__(name: str) -> Any:

@@ -383,7 +383,7 @@ class LeaseHold:
         # surface as LeaseLost.
         return False  # pragma: no cover (3.10 only)
 
-    # -- the deadline --------------------------------------------------------------------------
+    # -- the deadline ----------------------------------------------------------------------
 
     def _believe_from(self, start: float) -> None:
         """A grant or renewal that began at ``start`` succeeded: move the deadline on."""
@@ -422,7 +422,7 @@ class LeaseHold:
         error.__cause__ = self._lost_cause
         return error
 
-    # -- the renewer -----------------------------------------------------------------------------
+    # -- the renewer -----------------------------------------------------------------------
 
     def _start_renewer(self) -> None:
         self._renewing = True
@@ -510,7 +510,7 @@ class LeaseHold:
                 self._believe_from(start)
                 break
 
-    # -- loss --------------------------------------------------------------------------------------
+    # -- loss ------------------------------------------------------------------------------
 
     def _declare_lost(
         self, reason: str, cause: BaseException | None, *, cancel: bool = True
@@ -553,7 +553,7 @@ class LeaseHold:
         """Call ``callback()`` on the event loop when the lease is lost (for leasekit.sync)."""
         self._lost_callbacks.append(callback)
 
-    # -- handing over ------------------------------------------------------------------------------
+    # -- handing over ----------------------------------------------------------------------
 
     async def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
         """Hand the lease to ``next_owner`` (atomically where the backend declares it).
