@@ -472,6 +472,7 @@ class LeaseHold:
                 return
             backoff_s = interval_s / 8
             attempt = 0
+            last_chance = False
             while True:
                 attempt += 1
                 start = clock.monotonic()
@@ -482,20 +483,29 @@ class LeaseHold:
                         return
                     self._lost_cause = exc
                     remaining_s = self._valid_until - clock.monotonic()
-                    # The last retry falls just before the deadline, not after it.
-                    pause = min(backoff_s * random.uniform(0.5, 1.0), remaining_s / 2)
+                    pause = backoff_s * random.uniform(0.5, 1.0)
+                    give_up = pause >= remaining_s and last_chance
+                    if pause >= remaining_s:
+                        # One last attempt halfway to the deadline, not a storm of
+                        # ever closer ones.
+                        last_chance = True
+                        pause = remaining_s / 2
                     if _hooks.relay() is None:
                         _log.warning(
-                            "renewal %d of lease on %r held by %r failed (%s: %s); retrying "
-                            "in %.3f s, the lease is believed valid for %.3f s more",
+                            "renewal %d of lease on %r held by %r failed (%s: %s); %s, "
+                            "the lease is believed valid for %.3f s more",
                             attempt,
                             self.key,
                             self.owner,
                             type(exc).__name__,
                             exc,
-                            max(0.0, pause),
+                            "no time left to retry"
+                            if give_up
+                            else f"retrying in {max(0.0, pause):.3f} s",
                             max(0.0, remaining_s),
                         )
+                    if give_up:
+                        return  # the deadline timer declares the loss
                     await clock.sleep(pause)
                     if self._stopped():
                         return
