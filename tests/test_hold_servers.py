@@ -39,6 +39,9 @@ pytestmark = pytest.mark.anyio
 SLACK_S = 0.005
 """What the measured margin may fall short of the configured one (read jitter)."""
 
+EARLY_S = 1e-6
+"""asyncio runs a timer up to its clock's resolution early (a nanosecond on Linux)."""
+
 KEY = "k"
 
 
@@ -312,7 +315,7 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
     # ...the loss comes at it, and the body hears of it on the next loop turn, before
     # the server can expire the lease. (How late after the deadline the process got
     # the CPU is the machine's load, which the margin absorbs: reported, not asserted.)
-    assert seen["deadline"] <= seen["lost"] <= seen["cancelled"] < seen["expiry"], seen
+    assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["cancelled"] < seen["expiry"], seen
     assert turns_at["cancelled"] - turns_at["lost"] <= 1
 
 
@@ -348,7 +351,7 @@ async def test_transfer_on_a_frozen_connection_is_cut_off_at_the_deadline(
         raised_before_expiry_ms=round((seen["expiry"] - seen["raised"]) * 1000, 2),
         loop_turns_from_loss_to_raise=raised_turn - lost_turn[0],
     )
-    assert seen["lost"] >= seen["deadline"]
+    assert seen["lost"] >= seen["deadline"] - EARLY_S
     assert raised_turn - lost_turn[0] <= 1  # the deadline, then one loop turn
     assert seen["raised"] < seen["expiry"]
 
@@ -425,4 +428,4 @@ async def test_a_busy_loop_still_cancels_the_body_before_a_competitor_acquires(
     # At most two loop turns from the deadline to the body's CancelledError: the turn
     # that runs the timer (which sets .lost and cancels), then the body's own.
     assert turns_to_cancel <= 2
-    assert seen["deadline"] <= seen["lost"] <= seen["cancelled"] < won[0]
+    assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["cancelled"] < won[0]
