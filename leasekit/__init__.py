@@ -4,7 +4,8 @@ The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 (``memory://``, and the backend plugins' schemes); :func:`lease_provider_for` turns
 "maybe a provider" into one, falling back to the noop provider. Above the contract:
 :func:`hold` (acquire, renew in the background, release), :func:`wait_for`,
-:func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; event plugins in
+:func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; fencing guards for the
+resources a lease protects in :mod:`leasekit.fencing`; event plugins in
 :mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
 marked with :data:`hookimpl`); a fake clock and fault injection for tests in
 :mod:`leasekit.testing` (the :class:`Clock` protocol is the seam they plug into).
@@ -46,8 +47,10 @@ from ._errors import (
 from ._hold import LeaseHold, hold, new_owner_id, wait_for
 from ._memory import MemoryLeaseProvider
 from ._registry import BackendInfo, BackendRegistry
+from ._watch import elect, leaders, watch_owner
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
+    from . import fencing as fencing
     from . import hookspecs as hookspecs
     from . import plugins as plugins
     from . import sync as sync
@@ -84,9 +87,11 @@ __all__ = [
     "available_backends",
     "capabilities_of",
     "connect",
+    "elect",
     "hold",
     "hookimpl",
     "is_lease_provider",
+    "leaders",
     "lease_provider_for",
     "new_owner_id",
     "register",
@@ -94,6 +99,7 @@ __all__ = [
     "validate_owner",
     "validate_ttl_ms",
     "wait_for",
+    "watch_owner",
 ]
 
 __version__ = "0.1.0.dev0"
@@ -137,8 +143,9 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
 
 
 # Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
-# that uses plugins (or the blocking API) pays for them.
-_LAZY_MODULES = frozenset({"hookspecs", "plugins", "sync", "testing"})
+# that uses plugins (or the blocking API, the fencing guards, the test helpers) pays
+# for them.
+_LAZY_MODULES = frozenset({"fencing", "hookspecs", "plugins", "sync", "testing"})
 
 
 def __getattr__(name: str) -> Any:

@@ -28,6 +28,9 @@ class Capabilities:
       the same leases (``memory://`` does not).
     - ``shared_across_hosts``: processes on different hosts see the same leases.
     - ``persistent``: leases and fencing state survive a restart of the store.
+    - ``release_notifications``: waiters are woken when a key may have become free
+      (release, transfer, expiry, a lost channel) through the store's own channel,
+      via ``watch_release`` (:class:`leasekit.backend.SupportsReleaseNotifications`).
     """
 
     atomic_transfer: bool = False
@@ -38,6 +41,7 @@ class Capabilities:
     shared_across_processes: bool = False
     shared_across_hosts: bool = False
     persistent: bool = False
+    release_notifications: bool = False
 
     def __post_init__(self) -> None:
         for field in fields(self):

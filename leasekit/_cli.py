@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
         "--ttl-ms", type=_positive_int, default=600, help="lease TTL in ms (default 600)"
     )
     demo.add_argument("--quiet", action="store_true", help="no live view, only the verdict")
+    demo.add_argument(
+        "--fencing",
+        action="store_true",
+        help="instead, Kleppmann's scenario: a holder paused (SIGSTOP) past its TTL writes "
+        "after another took the key, and a fencing guard must reject that stale write "
+        "(resource: SQLite, or Redis with --url redis://...); uses --url and --ttl-ms",
+    )
 
     backends = commands.add_parser("backends", help="list URL schemes and whether they load")
     backends.add_argument("--json", action="store_true", help="JSON output")
@@ -252,6 +259,17 @@ async def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.exclusive else EXIT_NO
 
 
+def _demo_fencing(args: argparse.Namespace) -> int:
+    from ._demo_fencing import run_fencing_demo  # noqa: PLC0415 (only this command needs it)
+
+    def echo(line: str) -> None:
+        if not args.quiet or line.startswith("verdict"):
+            print(line, flush=True)
+
+    verdict = run_fencing_demo(args.url, ttl_ms=args.ttl_ms, echo=echo)
+    return EXIT_OK if verdict.fenced else EXIT_NO
+
+
 # -- one-shot commands -------------------------------------------------------------------------
 
 
@@ -259,8 +277,15 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     print(json.dumps(payload) if args.json else text)
 
 
+def _for_reading(url: str) -> dict[str, Any]:
+    """Options that keep a read-only command from creating the store it reads."""
+    # Opening a SQLite URL creates the file: a typo would leave a new, empty one behind.
+    return {"create": False} if url.lower().startswith("sqlite:") else {}
+
+
 async def _lease_command(args: argparse.Namespace) -> int:
-    async with connect(args.url) as provider:
+    options = _for_reading(args.url) if args.command == "owner" else {}
+    async with connect(args.url, **options) as provider:
         if args.command == "acquire":
             result = await provider.acquire_lease(args.key, args.owner, args.ttl_ms)
             _emit(
@@ -289,7 +314,7 @@ async def _lease_command(args: argparse.Namespace) -> int:
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    async with connect(args.url) as provider:
+    async with connect(args.url, **_for_reading(args.url)) as provider:
         lister: Callable[..., Awaitable[list[Any]]] | None = getattr(provider, "inspect", None)
         if lister is None:
             raise _UsageError(f"the backend for {args.url.split(':', 1)[0]}:// cannot list leases")
@@ -391,7 +416,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "demo": lambda args: asyncio.run(_demo(args)),
+    "demo": lambda args: _demo_fencing(args) if args.fencing else asyncio.run(_demo(args)),
     "backends": _backends,
     "inspect": lambda args: asyncio.run(_inspect(args)),
     "check": _check,

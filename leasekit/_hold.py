@@ -29,6 +29,7 @@ from ._errors import (
     LeaseLost,
     LeaseProviderClosed,
 )
+from ._watch import KeyWaiter
 
 __all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
 
@@ -106,28 +107,25 @@ async def _acquire_polling(
     ``None``: no limit). Errors from the store propagate at once.
     """
     deadline = None if timeout_s is None else clock.monotonic() + timeout_s
-    delay = poll_s
     vanished = False
-    while True:
-        start = clock.monotonic()
-        result = await provider.acquire_lease(key, owner, ttl_ms)
-        if result.acquired:
-            return result, start
-        if result.owner is None and not vanished:
-            # The holder expired between the check and the answer: the key is free
-            # now, so ask again at once (once: a store that keeps saying this is broken).
-            vanished = True
-            continue
-        vanished = False
-        now = clock.monotonic()
-        if deadline is not None and now >= deadline:
-            return result, start
-        # Jittered, so waiters that were denied together do not all retry together.
-        pause = delay * random.uniform(0.5, 1.0)
-        if deadline is not None:
-            pause = min(pause, deadline - now)  # the last attempt falls on the deadline
-        await clock.sleep(pause)
-        delay = min(delay * 2, max_poll_s)
+    # Subscribed before the first attempt, so a release right after a denial still wakes.
+    async with KeyWaiter(
+        provider, key, poll_s=poll_s, max_poll_s=max_poll_s, clock=clock
+    ) as waiter:
+        while True:
+            start = clock.monotonic()
+            result = await provider.acquire_lease(key, owner, ttl_ms)
+            if result.acquired:
+                return result, start
+            if result.owner is None and not vanished:
+                # The holder expired between the check and the answer: the key is free
+                # now, so ask again at once (once: a store that keeps saying this is broken).
+                vanished = True
+                continue
+            vanished = False
+            if deadline is not None and clock.monotonic() >= deadline:
+                return result, start
+            await waiter.pause(deadline)
 
 
 async def wait_for(

@@ -10,26 +10,19 @@ exactly what the backend costs; with plugins it returns a
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import warnings
-from importlib import metadata
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._capabilities import Capabilities, capabilities_of
 from ._contract import LeaseResult, ManagedLeaseProvider
 from ._detection import NoopLeaseProvider
 from ._errors import InvalidLeaseArgument, LeasekitWarning
 from ._memory import MemoryLeaseProvider
-
-if TYPE_CHECKING:
-    import pluggy
+from ._plugin_state import current_relay, relay
 
 __all__ = [
-    "AUTOLOAD_ENV",
-    "ENTRY_POINT_GROUP",
     "HookedLeaseProvider",
     "backend_name",
     "emit",
@@ -38,60 +31,15 @@ __all__ = [
     "wrap",
 ]
 
-ENTRY_POINT_GROUP = "leasekit.plugins"
-AUTOLOAD_ENV = "LEASEKIT_DISABLE_PLUGIN_AUTOLOAD"
-
-# Guards plugin (un)registration and the one-time entry-point scan. Reentrant: loading
-# an entry-point plugin may itself register plugins or connect.
-lock = threading.RLock()
-manager: pluggy.PluginManager | None = None
-# ``manager.hook`` while at least one plugin is registered, else None. Hot paths read
-# this one global and skip everything else when it is None.
-_relay: pluggy.HookRelay | None = None
-_autoloaded = False
 # Backend classes to the URL scheme they were connected by, so events about a provider
 # that connect() did not wrap (made before any plugin existed, or by hand) still name
 # the scheme.
 _schemes: dict[type, str] = {MemoryLeaseProvider: "memory", NoopLeaseProvider: "noop"}
 
 
-def relay() -> pluggy.HookRelay | None:
-    """The hook relay when any plugin is registered, else None.
-
-    The first call scans the ``leasekit.plugins`` entry points (metadata only; pluggy
-    and the plugins are imported only if there are any).
-    """
-    if not _autoloaded:
-        _autoload()
-    return _relay
-
-
-def _autoload() -> None:
-    global _autoloaded  # noqa: PLW0603 (one process-wide scan, guarded by the lock)
-    with lock:
-        if _autoloaded:
-            return
-        _autoloaded = True  # first: a plugin that connects while loading must not recurse
-        if os.environ.get(AUTOLOAD_ENV):
-            return
-        found = metadata.entry_points(group=ENTRY_POINT_GROUP)
-        if not found:
-            return
-        from . import plugins  # noqa: PLC0415 (imports pluggy, only when plugins exist)
-
-        plugins.load_entry_points(found)
-
-
-def refresh() -> None:
-    """Recompute the hot-path flag after a plugin was registered or unregistered."""
-    global _relay  # noqa: PLW0603 (the hot-path flag is a module global on purpose)
-    with lock:
-        _relay = manager.hook if manager is not None and manager.get_plugins() else None
-
-
 def emit(event: str, /, **kwargs: Any) -> None:
     """Call hook ``event`` on every plugin; a plugin that raises is reported, not propagated."""
-    hooks = _relay if _autoloaded else relay()
+    hooks = current_relay()
     if hooks is None:
         return
     try:

@@ -14,6 +14,7 @@ from ._capabilities import Capabilities
 from ._clock import Clock
 from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+from .backend._notify import ReleaseHub, ReleaseWatch
 
 __all__ = ["MemoryLeaseProvider"]
 
@@ -45,6 +46,8 @@ class _MemoryStore:
         self.last_token = 0
         # (expires_ns, token, key) candidates for sweeping; stale entries are skipped.
         self.expiries: list[tuple[int, int, str]] = []
+        # Waiters of every provider on this store, woken on release and transfer.
+        self.hub = ReleaseHub()
 
     def live(self, key: str, now_ns: int) -> _Lease | None:
         lease = self.leases.get(key)
@@ -113,6 +116,7 @@ class MemoryLeaseProvider:
         shared_across_processes=False,
         shared_across_hosts=False,
         persistent=False,
+        release_notifications=True,
     )
 
     def __init__(
@@ -204,8 +208,10 @@ class MemoryLeaseProvider:
         store = self._check()
         with store.lock:
             lease = store.live(key, store.clock_ns())
-            if lease is not None and lease.owner == owner:
-                del store.leases[key]
+            if lease is None or lease.owner != owner:
+                return
+            del store.leases[key]
+        store.hub.notify(key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -233,9 +239,26 @@ class MemoryLeaseProvider:
                 return False
             if to_owner == from_owner:
                 store.extend(key, lease, ttl_ms, now)
-            else:
-                store.grant(key, to_owner, ttl_ms, now)
-            return True
+                return True
+            store.grant(key, to_owner, ttl_ms, now)
+        store.hub.notify(key)  # waiters look again: still held, by someone new
+        return True
+
+    async def watch_release(self, key: str) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer (expiry: see :meth:`lease_remaining_ms`)."""
+        validate_key(key)
+        return self._check().hub.watch(key)
+
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` (rounded up), ``None`` if free."""
+        validate_key(key)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            lease = store.live(key, now)
+            if lease is None:
+                return None
+            return -(-(lease.expires_ns - now) // _NS_PER_MS)
 
     async def aclose(self) -> None:
         """Close this provider; a named store stays for other providers of that name."""

@@ -29,6 +29,7 @@ from ._errors import (
     InvalidLeaseArgument,
     LeasekitWarning,
 )
+from .backend._urls import redact_url
 
 __all__ = ["ENTRY_POINT_GROUP", "BackendInfo", "BackendRegistry"]
 
@@ -100,7 +101,7 @@ def scheme_of(url: object) -> str:
     match = _URL_SCHEME.match(url)
     if match is None:
         raise InvalidLeaseArgument.for_argument(
-            "url", f"must start with a scheme such as 'memory://', got {url!r}"
+            "url", f"must start with a scheme such as 'memory://', got {redact_url(url)!r}"
         )
     return match.group(1).lower()
 

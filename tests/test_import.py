@@ -5,6 +5,7 @@ Checked in a fresh interpreter, since this test process has imported plenty alre
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+import leasekit
 
 # Drivers that belong to backends only, never to the core.
 DRIVERS = ("redis", "psycopg", "psycopg_pool", "aetcd", "etcd3", "grpc", "aiosqlite")
@@ -77,3 +80,23 @@ def test_the_probe_sees_what_it_imports(loaded_modules: dict[str, list[str]]) ->
     # Guards the two tests above against a probe that reports nothing useful.
     assert "asyncio" in loaded_modules["connect"]
     assert "json" in loaded_modules["import"]
+
+
+def _leasekit_imports(module: Path) -> set[str]:
+    """The leasekit modules ``module`` imports, at top level or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.partition(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_hooks_and_plugins_share_state_without_importing_each_other() -> None:
+    package = Path(leasekit.__file__).parent
+    assert "plugins" not in _leasekit_imports(package / "_hooks.py")
+    assert "_hooks" not in _leasekit_imports(package / "plugins.py")
+    state = _leasekit_imports(package / "_plugin_state.py")
+    assert state.isdisjoint({"_hooks", "plugins"}), state

@@ -226,6 +226,33 @@ async def test_wait_for_on_the_clock_gets_the_key_when_the_holder_expires() -> N
         await late
 
 
+async def test_watch_owner_on_the_clock_sees_the_holder_expire() -> None:
+    clock = FakeClock()
+    leases = memory_provider(clock)
+    await leases.acquire_lease("k", "first", 60_000)
+    owners = leasekit.watch_owner(leases, "k", clock=clock)
+    assert await anext(owners) == "first"
+    change = asyncio.create_task(anext(owners))
+    await clock.advance(59_000)
+    assert not change.done()
+    await clock.advance(2_000)
+    assert await change is None
+    await owners.aclose()
+
+
+async def test_elect_passes_the_clock_to_its_hold() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+
+    async def lead() -> None:
+        async with leasekit.elect(leases, "scheduler", "me", 30_000, clock=clock):
+            leases.fail_always(operation="renew")
+            await clock.advance(60_000)
+
+    with pytest.raises(LeaseLost):
+        await lead()
+
+
 async def test_fail_next_checks_its_arguments() -> None:
     leases = FaultyProvider(memory_provider(FakeClock()))
     with pytest.raises(InvalidLeaseArgument, match="operation"):

@@ -6,6 +6,8 @@ endpoints fail over. Install with ``pip install 'leasekit[etcd]'``; see
 ``docs/backends/etcd.md``.
 """
 
-from ._provider import EtcdLeaseProvider, LeaseRecord
+from leasekit.backend import LeaseRecord
+
+from ._provider import EtcdLeaseProvider
 
 __all__ = ["EtcdLeaseProvider", "LeaseRecord"]

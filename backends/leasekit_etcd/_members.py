@@ -13,7 +13,9 @@ the client survives losing a member, so this thin layer does what etcd's Go clie
   found no connection to make (refused): it was never sent.
 - While no member takes a call, it is tried again until the operation's deadline:
   an election or a restart that ends in time is invisible, one that does not is a
-  timeout naming the last failure.
+  timeout naming the last failure. When every member refuses connections outright
+  (nothing listening), waiting would only delay the same answer: the call fails at
+  once.
 - Reads and keep-alives (*safe* calls: repeating them changes nothing) also move on
   after a timeout or a lost connection; they get a share of the time budget per
   member, so a frozen member cannot eat all of it. Writes never do: a write that
@@ -37,7 +39,15 @@ from typing import Any, TypeVar
 
 from . import _rpc
 
-__all__ = ["Credentials", "Member", "Members", "TlsFiles"]
+__all__ = [
+    "Credentials",
+    "Member",
+    "Members",
+    "TlsFiles",
+    "describe",
+    "failed_to_connect",
+    "status",
+]
 
 _T = TypeVar("_T")
 
@@ -77,23 +87,35 @@ class TlsFiles:
 def _was_not_applied(exc: Exception) -> bool:
     """Whether the call certainly changed nothing: it never reached a member (no
     connection could be made), or the member refused it for want of a leader."""
-    code, details = _status(exc)
+    code, details = status(exc)
     return code == _rpc.StatusCode.UNAVAILABLE and (
         "no leader" in details or "failed to connect to all addresses" in details
     )
 
 
+def failed_to_connect(exc: Exception) -> bool:
+    """Whether gRPC found no connection to make: refused, unresolvable, or a TLS failure."""
+    code, details = status(exc)
+    return code == _rpc.StatusCode.UNAVAILABLE and "failed to connect to all addresses" in details
+
+
+def _is_tls_failure(exc: Exception) -> bool:
+    # A handshake that failed fails the same way next time: no point in waiting.
+    _, details = status(exc)
+    return "handshake" in details.lower() or "ssl" in details.lower()
+
+
 def _is_expired_token(exc: Exception) -> bool:
-    code, details = _status(exc)
+    code, details = status(exc)
     return code == _rpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in details
 
 
 def _is_transient(exc: Exception) -> bool:
-    code, _ = _status(exc)
+    code, _ = status(exc)
     return code in (_rpc.StatusCode.UNAVAILABLE, _rpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def _status(exc: Exception) -> tuple[Any, str]:
+def status(exc: Exception) -> tuple[Any, str]:
     code = getattr(exc, "code", None)
     details = getattr(exc, "details", None)
     return (
@@ -104,7 +126,7 @@ def _status(exc: Exception) -> tuple[Any, str]:
 
 def describe(exc: BaseException) -> str:
     """A one-line account of a gRPC failure: status code and etcd's message."""
-    code, details = _status(exc) if isinstance(exc, Exception) else (None, "")
+    code, details = status(exc) if isinstance(exc, Exception) else (None, "")
     if code is None:
         return f"{type(exc).__name__}: {exc}"
     return f"{getattr(code, 'name', code)}: {details or 'no details'}"
@@ -196,6 +218,26 @@ class Member:
             state = channel.get_state(try_to_connect=True)
         return True
 
+    async def refuses_connections(self, wait_s: float) -> bool:
+        """Whether a new TCP connection to the member is refused right now.
+
+        gRPC repeats the refusal of its last attempt for as long as it waits before the
+        next one (up to a second here), so a member that has just come back would still
+        look down; the member's port itself tells. Anything but a refusal (a timeout,
+        an unreachable network) is not one: the call keeps trying until its deadline.
+        """
+        host, _, port = self.address.rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), int(port)), wait_s
+            )
+        except ConnectionRefusedError:
+            return True
+        except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return False
+
     async def close(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None and self._owns_channel:
@@ -222,15 +264,19 @@ class Members:
     async def call(self, invoke: Invoke[_T], *, deadline: float, safe: bool) -> _T:
         """Run ``invoke(stubs, metadata, timeout_s)`` on a member, failing over as above.
 
-        ``deadline`` is the ``loop.time()`` by which the whole call must be done; the
-        caller also bounds it (``asyncio.timeout``), so this never outlives it. While
-        no member can take the call (all down, or no leader yet) it keeps trying, so a
-        restart or an election within the deadline is invisible to the caller.
+        ``deadline`` is the ``loop.time()`` by which the whole call must be done (the
+        provider also bounds it, so this never outlives it). While no member can take
+        the call (no leader yet, a member restarting) it keeps trying, so a restart or
+        an election within the deadline is invisible to the caller. But when every
+        member refuses connections, nobody is listening: that is raised at once
+        (``ConnectionRefusedError``, or gRPC's own error for a failed TLS handshake).
         """
         loop = asyncio.get_running_loop()
         count = len(self.members)
         pause_s = 0.02
         while True:
+            unreachable = 0
+            connect_error: Exception | None = None
             for offset in range(count):
                 index = (self._pinned + offset) % count
                 member = self.members[index]
@@ -241,12 +287,19 @@ class Members:
                     min(remaining, self.connect_timeout_s)
                 ):
                     self.last_failure = f"{member.address}: not connected"
+                    unreachable += await member.refuses_connections(self.connect_timeout_s)
                     continue
                 try:
                     result = await self._attempt(member, invoke, deadline, safe=safe)
                 except _rpc.AioRpcError as exc:
                     self.last_failure = f"{member.address}: {describe(exc)}"
                     if _was_not_applied(exc) or (safe and _is_transient(exc)):
+                        if failed_to_connect(exc) and (
+                            _is_tls_failure(exc)
+                            or await member.refuses_connections(self.connect_timeout_s)
+                        ):
+                            unreachable += 1
+                            connect_error = exc
                         self._unpin(member)
                         continue
                     if _is_transient(exc):
@@ -255,6 +308,11 @@ class Members:
                 self._pinned = index
                 self.last_failure = None
                 return result
+            if unreachable == count:
+                if connect_error is not None and (count == 1 or _is_tls_failure(connect_error)):
+                    raise connect_error
+                self.last_failure = None  # the message names them all
+                raise ConnectionRefusedError("every member refused the connection")
             # No member took the call in this pass: give them a moment, then try again.
             await asyncio.sleep(min(pause_s, max(0.0, deadline - loop.time())))
             pause_s = min(pause_s * 2, 0.25)

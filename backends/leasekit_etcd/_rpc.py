@@ -16,9 +16,14 @@ from typing import Any, Protocol, TypeAlias
 
 import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
-from aetcd import rpc as _pb  # type: ignore[import-untyped]
+from aetcd import exceptions as _aetcd_errors  # type: ignore[import-untyped]
+from aetcd import rpc as _pb
 
 __all__ = [
+    "AetcdClientError",
+    "AetcdConnectionFailed",
+    "AetcdConnectionTimeout",
+    "AetcdUnauthenticated",
     "AioRpcError",
     "Channel",
     "ChannelState",
@@ -40,6 +45,7 @@ __all__ = [
     "insecure_channel",
     "put_op",
     "range_op",
+    "release_watcher",
     "secure_channel",
     "ssl_credentials",
     "txn_request",
@@ -52,6 +58,11 @@ Channel: TypeAlias = Any
 """A ``grpc.aio.Channel``."""
 
 AioRpcError: type[Exception] = grpc.aio.AioRpcError
+# What a caller's own aetcd.Client raises (its connect): aetcd wraps gRPC's errors.
+AetcdClientError: type[Exception] = _aetcd_errors.ClientError
+AetcdConnectionFailed: type[Exception] = _aetcd_errors.ConnectionFailedError
+AetcdConnectionTimeout: type[Exception] = _aetcd_errors.ConnectionTimeoutError
+AetcdUnauthenticated: type[Exception] = _aetcd_errors.UnauthenticatedError
 StatusCode: Any = grpc.StatusCode
 ChannelState: Any = grpc.ChannelConnectivity
 
@@ -240,3 +251,11 @@ class Stubs:
         self.kv: Any = _pb.KVStub(channel)
         self.lease: Any = _pb.LeaseStub(channel)
         self.auth: Any = _pb.AuthStub(channel)
+        self.watch: Any = _pb.WatchStub(channel)
+
+
+def release_watcher(stubs: Stubs, metadata: Any) -> Any:
+    """An ``aetcd.watcher.Watcher``: every watch of one channel on one gRPC stream."""
+    from aetcd import watcher  # noqa: PLC0415 (the watch machinery loads on first wait)
+
+    return watcher.Watcher(stubs.watch, metadata=metadata)

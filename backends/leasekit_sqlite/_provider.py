@@ -5,6 +5,14 @@ call into that thread which runs the whole transaction (``BEGIN IMMEDIATE``, the
 deciding statement, ``COMMIT``) without yielding, so tasks sharing a provider never
 interleave inside a transaction, and each operation costs one thread hop. (aiosqlite
 would cost a hop per statement and need a lock around every transaction.)
+
+Deadlines: a thread cannot be cancelled, so the caller never waits for it. Each call
+awaits the executor's future through :meth:`BackendProvider._call`; at ``timeout_s``
+the toolkit's timer cancels that future (a call still queued behind a blocked one is
+then dropped before it starts) and the caller gets :class:`~leasekit.LeaseBackendTimeout`
+at once. A call already running in the thread cannot outlast its caller's deadline
+either: SQLite's busy timeout is set to what is left of it before every transaction,
+so the thread is free again by then for the calls queued behind it.
 """
 
 from __future__ import annotations
@@ -18,45 +26,70 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import quote, unquote
 
-import leasekit
 from leasekit import (
+    BackendUnavailable,
     Capabilities,
     InvalidLeaseArgument,
     LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
     LeaseProviderClosed,
     LeaseResult,
     validate_key,
     validate_owner,
     validate_ttl_ms,
 )
+from leasekit.backend import (
+    BackendProvider,
+    ErrorMap,
+    LeaseRecord,
+    Option,
+    OptionSet,
+    parse_url,
+    timeout_option,
+)
 
 from . import _sql
 
-__all__ = ["LeaseRecord", "SQLiteLeaseProvider"]
+__all__ = ["SQLiteLeaseProvider"]
 
 _T = TypeVar("_T")
 _BACKEND = "sqlite"
 _MIN_SQLITE = (3, 35, 0)  # UPSERT with RETURNING
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
+_DEFAULT_PATH = "leasekit.db"
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """One live lease, as ``inspect`` reports it."""
-
-    key: str
-    owner: str
-    token: int
-    remaining_ms: int
+class DatabaseLocked(sqlite3.OperationalError):
+    """Another connection held the file's write lock until this call's deadline."""
 
 
-class _Busy(Exception):
-    """SQLite said the database is locked; retried until the operation times out."""
+class DatabaseUnavailable(sqlite3.OperationalError):
+    """The file cannot be opened: its directory is missing, or it is and ``create=false``."""
+
+
+def _synchronous(value: str) -> str:
+    level = value.strip().lower()
+    if level not in _SYNCHRONOUS:
+        raise InvalidLeaseArgument.for_argument(
+            "synchronous", f"must be one of {', '.join(_SYNCHRONOUS)}, got {value!r}", value
+        )
+    return level
+
+
+_OPTIONS = OptionSet(
+    _BACKEND,
+    (
+        timeout_option(5.0),
+        Option("synchronous", str, "full", check=_synchronous),
+        Option("sweep_every", int, 32, minimum=1),
+        Option("sweep_batch", int, 256, minimum=1),
+        Option("create", bool, True),
+    ),
+)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -64,22 +97,26 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-class SQLiteLeaseProvider:
+class SQLiteLeaseProvider(BackendProvider):
     """Leases in a SQLite file: atomic across the processes of one host.
 
     ``sqlite:///leasekit.db`` (relative) or ``sqlite:////abs/path.db``. Options (also
-    as URL query parameters): ``timeout_s`` bounds every operation, waiting on the
-    file lock included (default 5); ``synchronous`` is SQLite's durability setting
-    (default ``full``, so fencing tokens survive power loss; ``normal`` is faster and
-    still safe against process crashes); ``sweep_every`` and ``sweep_batch`` tune how
-    expired rows are reclaimed.
+    as URL query parameters): ``timeout_s`` bounds every operation, waiting for the
+    file's write lock included (default 5); ``synchronous`` is SQLite's durability
+    setting (default ``full``, so fencing tokens survive power loss; ``normal`` is
+    faster and still safe against process crashes); ``sweep_every`` and
+    ``sweep_batch`` tune how expired rows are reclaimed; ``create`` (default true)
+    creates a missing file and its tables, and with ``create=false`` a missing file
+    is an error instead (``leasekit owner`` and ``inspect`` open files that way, so a
+    typo never leaves a new file behind).
 
     Expiry uses the host's wall clock (``server_clock=False``): all processes share it,
     but a clock step changes remaining lease times. Never put the file on a network
     filesystem: WAL needs shared memory between the processes.
     """
 
-    capabilities = Capabilities(
+    backend: ClassVar[str] = _BACKEND
+    capabilities: ClassVar[Capabilities] = Capabilities(
         atomic_transfer=True,
         fencing=True,
         ttl_resolution_ms=1,
@@ -89,102 +126,122 @@ class SQLiteLeaseProvider:
         shared_across_hosts=False,
         persistent=True,
     )
+    errors: ClassVar[ErrorMap] = ErrorMap(
+        {
+            DatabaseLocked: LeaseBackendTimeout,
+            DatabaseUnavailable: LeaseBackendUnreachable,
+            sqlite3.Error: LeaseBackendError,
+        },
+        backend=_BACKEND,
+    )
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] = "leasekit.db",
-        *,
-        timeout_s: float = 5.0,
-        synchronous: str = "full",
-        sweep_every: int = 32,
-        sweep_batch: int = 256,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str] = _DEFAULT_PATH, **options: Any) -> None:
+        """Open (lazily) the file at ``path``; ``options`` as in the class docstring."""
         path = _check_path(path)
-        if path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path:
-            raise InvalidLeaseArgument.for_argument(
-                "path",
-                "an in-memory SQLite database is private to one connection and cannot "
-                "coordinate anything; use memory:// for in-process leases, or a file path",
-            )
-        timeout_s = _check_timeout(timeout_s)
-        if synchronous not in _SYNCHRONOUS:
-            raise InvalidLeaseArgument.for_argument(
-                "synchronous", f"must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
-            )
-        sweep_every = _check_count("sweep_every", sweep_every)
-        sweep_batch = _check_count("sweep_batch", sweep_batch)
+        settings = _OPTIONS.parse((), options)
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
-            raise leasekit.BackendUnavailable(
+            raise BackendUnavailable(
                 f"the SQLite backend needs SQLite >= 3.35 (UPSERT ... RETURNING); this "
                 f"Python links SQLite {sqlite3.sqlite_version}",
                 scheme="sqlite",
             )
+        super().__init__(timeout_s=settings["timeout_s"], owns_client=True)
         self.path = path
-        self.timeout_s = timeout_s
-        self._synchronous = synchronous
-        self._sweep_every = sweep_every
-        self._sweep_batch = sweep_batch
+        self.create: bool = settings["create"]
+        self._synchronous: str = settings["synchronous"]
+        self._sweep_every: int = settings["sweep_every"]
+        self._sweep_batch: int = settings["sweep_batch"]
         self._writes = 0
         self._conn: sqlite3.Connection | None = None
+        self._shut = False  # set in the thread once the connection is closed for good
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteLeaseProvider:
-        """Build from ``sqlite:///relative.db``, ``sqlite:////abs.db`` or ``sqlite://``."""
-        prefix = "sqlite://"
-        if not url.lower().startswith(prefix):
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"must start with sqlite://, got {url!r}"
-            )
-        rest, _, query = url[len(prefix) :].partition("?")
-        if rest and not rest.startswith("/"):
+        """Build from ``sqlite:///relative.db``, ``sqlite:////abs.db`` or ``sqlite://``.
+
+        Keyword ``options`` win over the URL's query. No I/O happens here.
+        """
+        parsed = parse_url(url, schemes=("sqlite",))
+        if parsed.endpoints or parsed.username is not None:
             raise InvalidLeaseArgument.for_argument(
                 "url",
                 "must be sqlite:///relative/path.db or sqlite:////absolute/path.db "
-                f"(no host part), got {url!r}",
+                f"(no host part), got {parsed.redacted!r}",
             )
-        path = unquote(rest[1:]) or "leasekit.db"
-        merged: dict[str, Any] = {}
-        for name, value in parse_qsl(query, keep_blank_values=True):
-            merged[name] = _coerce_option(name, value)
-        merged.update(options)
-        unknown = sorted(set(merged) - {"timeout_s", "synchronous", "sweep_every", "sweep_batch"})
-        if unknown:
-            raise InvalidLeaseArgument.for_argument(
-                "options",
-                f"unknown sqlite option(s) {', '.join(unknown)}; known: timeout_s, "
-                "synchronous, sweep_every, sweep_batch",
-            )
-        return cls(path, **merged)
+        path = unquote(parsed.path[1:]) or _DEFAULT_PATH
+        settings = _OPTIONS.parse(parsed.query, options, url=url)
+        return cls(path, **settings.values)
+
+    # -- BackendProvider hooks -----------------------------------------------------------
+
+    async def _connect(self) -> None:
+        # Open now, so a bad path or a locked file shows up at the `async with`.
+        await self._in_executor(lambda conn: None)
+
+    async def _close_client(self) -> None:
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+
+        def close() -> None:
+            self._shut = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, close)
+        finally:
+            executor.shutdown(wait=False)
+
+    def _describe(self) -> str:
+        return repr(self.path)
+
+    def _where(self) -> str:
+        return f" (file {self.path!r})"
 
     # -- the thread that owns the connection -----------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _open(self, deadline: float) -> sqlite3.Connection:
         """Open the file and make sure the schema exists (runs in the provider thread)."""
-        deadline = time.monotonic() + self.timeout_s
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self.timeout_s,
-            isolation_level=None,
-            check_same_thread=False,
-        )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
+            if self.create:
+                conn = sqlite3.connect(
+                    self.path, timeout=0, isolation_level=None, check_same_thread=False
+                )
+            else:
+                # mode=rw: SQLite itself refuses to create the file.
+                conn = sqlite3.connect(
+                    f"file:{quote(os.path.abspath(self.path))}?mode=rw",
+                    uri=True,
+                    timeout=0,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            self._set_busy_timeout(conn, deadline)
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
 
             def setup() -> None:
                 # Both steps write only when needed, so opening a provider does not wait
                 # for a writer that holds the lock on an already prepared file.
-                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    # WAL lets readers and the writer proceed together.
-                    conn.execute("PRAGMA journal_mode = WAL")
+                if self.create and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")  # readers and a writer at once
                 try:
                     conn.execute(_sql.SCHEMA_VERSION_QUERY).fetchone()
                 except sqlite3.OperationalError as exc:
                     if "no such table" not in str(exc):
                         raise
+                    if not self.create:
+                        raise DatabaseUnavailable(
+                            f"{self.path!r} holds no leasekit tables, and create=false "
+                            "does not create them"
+                        ) from exc
                     self._transaction(conn, lambda: [conn.execute(s) for s in _sql.CREATE_SCHEMA])
 
             self._retry_busy(setup, deadline)
@@ -192,6 +249,27 @@ class SQLiteLeaseProvider:
             conn.close()
             raise
         return conn
+
+    def _unavailable(self, exc: sqlite3.OperationalError) -> sqlite3.OperationalError:
+        """Say which part of the path is missing, when that is why the file did not open."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            return DatabaseUnavailable(f"directory {directory!r} does not exist")
+        if not self.create and not os.path.exists(self.path):
+            return DatabaseUnavailable(
+                f"no SQLite file at {os.path.abspath(self.path)!r} (create=false: "
+                "a read never creates one)"
+            )
+        return exc
+
+    @staticmethod
+    def _set_busy_timeout(conn: sqlite3.Connection, deadline: float) -> None:
+        # SQLite waits for another connection's write lock at most this long: never past
+        # the caller's deadline, so the thread is free for the next call by then.
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise DatabaseLocked("the call's deadline passed while it waited for the thread")
+        conn.execute(f"PRAGMA busy_timeout = {left_ms}")
 
     @staticmethod
     def _transaction(conn: sqlite3.Connection, body: Callable[[], _T]) -> _T:
@@ -209,32 +287,35 @@ class SQLiteLeaseProvider:
     def _retry_busy(fn: Callable[[], _T], deadline: float) -> _T:
         # busy_timeout covers most waits inside SQLite, but a few paths (WAL recovery,
         # a checkpoint racing a write) return SQLITE_BUSY at once; those are retried
-        # here with jittered backoff, never surfaced as a raw "database is locked".
+        # here with jittered backoff until the caller's deadline, never surfaced as a
+        # raw "database is locked".
         delay = 0.001
         while True:
             try:
                 return fn()
             except sqlite3.OperationalError as exc:  # noqa: PERF203 (the retry loop is the point)
-                if not _is_busy(exc):
+                if not _is_busy(exc) or isinstance(exc, DatabaseLocked | DatabaseUnavailable):
                     raise
-                if time.monotonic() + delay >= deadline:
-                    raise _Busy(str(exc)) from exc
-                time.sleep(delay * random.uniform(0.5, 1.5))
+                left = deadline - time.monotonic()
+                if left <= delay:
+                    raise DatabaseLocked(
+                        "another connection held the file's write lock until the deadline"
+                    ) from exc
+                time.sleep(min(left, delay * random.uniform(0.5, 1.5)))
                 delay = min(delay * 2, 0.05)
 
     def _in_thread(self, work: Callable[[sqlite3.Connection], _T], deadline: float) -> _T:
-        if self._closed:
+        if self._shut:
             raise LeaseProviderClosed(backend=_BACKEND)
         if self._conn is None:
-            self._conn = self._connect()
+            self._conn = self._open(deadline)
+        else:
+            self._set_busy_timeout(self._conn, deadline)
         conn = self._conn
         return self._retry_busy(lambda: work(conn), deadline)
 
-    async def _run(
-        self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
-    ) -> _T:
-        if self._closed:
-            raise LeaseProviderClosed(backend=_BACKEND)
+    async def _in_executor(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` in the provider's thread; the caller's ``_call`` bounds the wait."""
         with self._executor_lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -242,6 +323,13 @@ class SQLiteLeaseProvider:
                 )
             executor = self._executor
         deadline = time.monotonic() + self.timeout_s
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, self._in_thread, work, deadline
+        )
+
+    async def _run(
+        self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
+    ) -> _T:
         if write:
             self._writes += 1
             if self._writes % self._sweep_every == 0:
@@ -252,29 +340,7 @@ class SQLiteLeaseProvider:
                     self._sweep(conn)
                     return result
 
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(executor, self._in_thread, work, deadline)
-        try:
-            return await asyncio.wait_for(future, self.timeout_s + 0.5)
-        except LeaseProviderClosed:
-            raise
-        except (TimeoutError, asyncio.TimeoutError, _Busy) as exc:
-            conn = self._conn
-            if conn is not None:
-                conn.interrupt()  # stop whatever still runs, so the next call is not stuck
-            raise LeaseBackendError(
-                f"operation timed out after {self.timeout_s:g} s (file {self.path!r} busy)",
-                backend=_BACKEND,
-                key=key,
-            ) from exc
-        except sqlite3.Error as exc:
-            raise LeaseBackendError(
-                f"{type(exc).__name__}: {exc} (file {self.path!r})", backend=_BACKEND, key=key
-            ) from exc
-        except OSError as exc:
-            raise LeaseBackendError(
-                f"cannot use {self.path!r}: {exc}", backend=_BACKEND, key=key
-            ) from exc
+        return await self._call(self._in_executor(work), key)
 
     def _sweep(self, conn: sqlite3.Connection) -> int:
         """Delete one bounded batch of expired rows, raising the token floor over them."""
@@ -283,12 +349,18 @@ class SQLiteLeaseProvider:
             (cutoff,) = conn.execute(_sql.SWEEP_CUTOFF).fetchone()
             params = {"cutoff": cutoff, "batch": self._sweep_batch}
             conn.execute(_sql.SWEEP_RAISE_FLOOR, params)
-            return conn.execute(_sql.SWEEP_DELETE, params).rowcount
+            return int(conn.execute(_sql.SWEEP_DELETE, params).rowcount)
 
         deleted = self._transaction(conn, body)
         if deleted >= self._sweep_batch:
             self._writes = -1  # a backlog: sweep again on the next write
         return deleted
+
+    def _write(self, statement: str, params: dict[str, Any]) -> Callable[[sqlite3.Connection], int]:
+        def work(conn: sqlite3.Connection) -> int:
+            return self._transaction(conn, lambda: int(conn.execute(statement, params).rowcount))
+
+        return work
 
     # -- the contract -------------------------------------------------------------------
 
@@ -296,16 +368,15 @@ class SQLiteLeaseProvider:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl_ms}
+        params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
 
         def work(conn: sqlite3.Connection) -> LeaseResult:
             def body() -> LeaseResult:
-                row = conn.execute(_sql.ACQUIRE, params).fetchone()
-                if row is not None:
-                    return LeaseResult(True, owner, row[0])
+                grant = _sql.granted(conn.execute(_sql.ACQUIRE, params).fetchone(), owner)
+                if grant is not None:
+                    return grant
                 # Same transaction, so the holder seen here is the one that denied us.
-                holder = conn.execute(_sql.OWNER, params).fetchone()
-                return LeaseResult(False, None if holder is None else holder[0].decode(), None)
+                return _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
 
             return self._transaction(conn, body)
 
@@ -313,26 +384,26 @@ class SQLiteLeaseProvider:
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
-        params = {"key": key.encode()}
-
-        def work(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(_sql.OWNER, params).fetchone()
-            return None if row is None else bytes(row[0]).decode()
-
-        return await self._run(work, key, write=False)
+        params = _sql.key_params(key)
+        return await self._run(
+            lambda conn: _sql.holder_from(conn.execute(_sql.OWNER, params).fetchone()),
+            key,
+            write=False,
+        )
 
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        params = {"key": key.encode(), "owner": owner.encode()}
-        await self._run(self._write(_sql.RELEASE, params), key, write=True)
+        await self._run(
+            self._write(_sql.RELEASE, _sql.key_params(key, owner=owner)), key, write=True
+        )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl_ms}
-        return await self._run(self._write(_sql.RENEW, params), key, write=True) == 1
+        params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
+        return _sql.changed(await self._run(self._write(_sql.RENEW, params), key, write=True))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -340,18 +411,10 @@ class SQLiteLeaseProvider:
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
         params = {
-            "key": key.encode(),
-            "from_owner": from_owner.encode(),
-            "to_owner": to_owner.encode(),
+            **_sql.key_params(key, from_owner=from_owner, to_owner=to_owner),
             "ttl_ms": ttl_ms,
         }
-        return await self._run(self._write(_sql.TRANSFER, params), key, write=True) == 1
-
-    def _write(self, statement: str, params: dict[str, Any]) -> Callable[[sqlite3.Connection], int]:
-        def work(conn: sqlite3.Connection) -> int:
-            return self._transaction(conn, lambda: conn.execute(statement, params).rowcount)
-
-        return work
+        return _sql.changed(await self._run(self._write(_sql.TRANSFER, params), key, write=True))
 
     # -- beyond the contract -------------------------------------------------------------
 
@@ -359,14 +422,15 @@ class SQLiteLeaseProvider:
         """List live leases (key order), optionally only keys starting with ``prefix``."""
         if prefix is not None:
             validate_key(prefix, "prefix")
-        limit = _check_count("limit", limit)
+        checked: object = limit  # callers may pass anything; check at run time
+        if isinstance(checked, bool) or not isinstance(checked, int) or checked < 1:
+            raise InvalidLeaseArgument.for_argument("limit", f"must be an int >= 1, got {limit!r}")
         params = {"prefix": None if prefix is None else prefix.encode(), "limit": limit}
-
-        def work(conn: sqlite3.Connection) -> list[LeaseRecord]:
-            rows = conn.execute(_sql.INSPECT, params).fetchall()
-            return [LeaseRecord(bytes(k).decode(), bytes(o).decode(), t, r) for k, o, t, r in rows]
-
-        return await self._run(work, prefix, write=False)
+        return await self._run(
+            lambda conn: _sql.records_from(conn.execute(_sql.INSPECT, params).fetchall()),
+            prefix,
+            write=False,
+        )
 
     async def sweep(self) -> int:
         """Reclaim one batch of expired rows now; returns how many were deleted."""
@@ -378,42 +442,6 @@ class SQLiteLeaseProvider:
             lambda conn: int(conn.execute(_sql.COUNT_ROWS).fetchone()[0]), None, write=False
         )
 
-    # -- lifecycle -------------------------------------------------------------------------
-
-    async def aclose(self) -> None:
-        """Close the connection and stop the thread; later operations raise."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        conn, self._conn = self._conn, None
-
-        def close() -> None:
-            if conn is not None:
-                conn.close()
-
-        await asyncio.get_running_loop().run_in_executor(executor, close)
-        executor.shutdown(wait=False)
-
-    async def __aenter__(self) -> SQLiteLeaseProvider:
-        # Open now, so a bad path or a locked file shows up at the `async with`.
-        await self._run(lambda conn: None, None, write=False)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"SQLiteLeaseProvider({self.path!r}{', closed' if self._closed else ''})"
-
 
 def _check_path(path: object) -> str:
     if isinstance(path, os.PathLike):
@@ -422,31 +450,10 @@ def _check_path(path: object) -> str:
         raise InvalidLeaseArgument.for_argument(
             "path", f"must be a non-empty file path, got {path!r}"
         )
-    return path
-
-
-def _check_timeout(timeout_s: object) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument.for_argument("timeout_s", f"must be a number, got {timeout_s!r}")
-    if not 0 < timeout_s <= 3600:
+    if path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path:
         raise InvalidLeaseArgument.for_argument(
-            "timeout_s", f"must be in (0, 3600], got {timeout_s!r}"
+            "path",
+            "an in-memory SQLite database is private to one connection and cannot "
+            "coordinate anything; use memory:// for in-process leases, or a file path",
         )
-    return float(timeout_s)
-
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidLeaseArgument.for_argument(name, f"must be an int >= 1, got {value!r}")
-    return value
-
-
-def _coerce_option(name: str, value: str) -> Any:
-    try:
-        if name == "timeout_s":
-            return float(value)
-        if name in ("sweep_every", "sweep_batch"):
-            return int(value)
-    except ValueError:
-        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {value!r}") from None
-    return value
+    return path

@@ -21,6 +21,12 @@ in between, in this process or any other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from leasekit import LeaseResult
+from leasekit.backend import LeaseRecord
+
 SCHEMA_VERSION = 1
 
 NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
@@ -124,3 +130,43 @@ INSPECT = f"""
 """
 
 COUNT_ROWS = "SELECT COUNT(*) FROM leasekit_leases"
+
+
+# -- reading the replies: pure functions, no connection in sight --------------------------
+# The statements above are "the request to send"; these say how to read what comes back,
+# so the same operation can be driven by any connection, blocking or not.
+
+Row = Sequence[Any]
+
+
+def key_params(key: str, **owners: str) -> dict[str, Any]:
+    """Parameters for a statement: keys and owners as their UTF-8 bytes (NUL included)."""
+    return {"key": key.encode(), **{name: owner.encode() for name, owner in owners.items()}}
+
+
+def granted(row: Row | None, owner: str) -> LeaseResult | None:
+    """ACQUIRE's reply: the grant with its token, or ``None`` if a live holder refused it."""
+    return None if row is None else LeaseResult(True, owner, int(row[0]))
+
+
+def denied(holder_row: Row | None) -> LeaseResult:
+    """OWNER's reply read in the denied acquire's transaction: the holder that refused it."""
+    return LeaseResult(False, holder_from(holder_row), None)
+
+
+def holder_from(row: Row | None) -> str | None:
+    """OWNER's reply: the live holder, or ``None`` when the key is free or expired."""
+    return None if row is None else bytes(row[0]).decode()
+
+
+def changed(rowcount: int) -> bool:
+    """RENEW's and TRANSFER's reply: whether the caller's live lease matched (one row)."""
+    return rowcount == 1
+
+
+def records_from(rows: Sequence[Row]) -> list[LeaseRecord]:
+    """INSPECT's reply."""
+    return [
+        LeaseRecord(bytes(key).decode(), bytes(owner).decode(), int(token), int(remaining))
+        for key, owner, token, remaining in rows
+    ]

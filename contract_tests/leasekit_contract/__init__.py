@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 import leasekit
+from leasekit.backend import redact_url
 
 # The suite's helpers state expectations with assert; pytest rewrites them for readable
 # failures only if told before they are imported.
@@ -63,14 +63,6 @@ _SUITE_PATH = str(Path(__file__).with_name("_url_suite.py"))
 def url_under_test(config: pytest.Config) -> str | None:
     """The URL the plugin runs the suite against, or ``None`` without ``--leasekit-url``."""
     return config.stash.get(URL_KEY, None)
-
-
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,7 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Fails fast on an unknown scheme or a missing extra; connect() does no I/O.
         leasekit.connect(url)
     except leasekit.LeaseError as exc:
-        raise pytest.UsageError(f"--leasekit-url {_redacted(url)}: {exc}") from exc
+        raise pytest.UsageError(f"--leasekit-url {redact_url(url)}: {exc}") from exc
     config.stash[URL_KEY] = url
     manager = config.pluginmanager
     if not manager.has_plugin("anyio") and not manager.is_blocked("anyio"):
@@ -124,4 +116,4 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     url = url_under_test(config)
     if url is None:
         return None
-    return f"leasekit conformance suite against {_redacted(url)}"
+    return f"leasekit conformance suite against {redact_url(url)}"

@@ -13,6 +13,7 @@ from ._fencing import FencingChecks
 from ._input import InputChecks
 from ._lifecycle import LifecycleChecks
 from ._model import check_against_model
+from ._notifications import NotificationChecks
 from ._semantics import SemanticsChecks
 
 __all__ = ["LeaseProviderContract"]
@@ -37,6 +38,7 @@ class ModelChecks(ContractBase):
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
     LifecycleChecks,
+    NotificationChecks,
     ModelChecks,
     ConcurrencyChecks,
     FencingChecks,
@@ -74,5 +76,6 @@ class LeaseProviderContract(
     :class:`ExpiryChecks`, :class:`InputChecks` (bad input, unusual names),
     :class:`FencingChecks`, :class:`ConcurrencyChecks` (races, transfer under fire,
     mutual exclusion under churn), :class:`ModelChecks` (stateful property test) and
+    :class:`NotificationChecks` (wake-ups on release, ``watch_owner``) and
     :class:`LifecycleChecks` (closing).
     """

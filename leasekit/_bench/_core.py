@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 from .. import connect
 from .._errors import InvalidLeaseArgument
 from .._registry import normalize_scheme, scheme_of
+from ..backend import redact_url
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -440,7 +440,7 @@ def run_bench(
         else:
             rows.extend(_fastest_round(measured[contender.id, s.name]) for s in chosen)
     return BenchReport(
-        url=_redact(url),
+        url=redact_url(url),
         scheme=scheme,
         namespace=target.namespace,
         server=server,
@@ -743,15 +743,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _redact(url: str) -> str:
-    """``url`` with any password replaced, fit for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
 
 
 # -- the table ---------------------------------------------------------------------------

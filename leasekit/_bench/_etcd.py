@@ -41,8 +41,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..backend import Endpoint, parse_url
 from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
 if TYPE_CHECKING:
@@ -78,28 +78,17 @@ class _Endpoint:
 
 
 def _endpoint(url: str) -> _Endpoint:
-    parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    first = hosts.split(",", 1)[0].strip()
-    if first.startswith("["):
-        host, _, rest = first[1:].partition("]")
-        port = rest[1:]
-    else:
-        host, _, port = first.partition(":")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    username = options.get("username")
-    password = options.get("password")
-    if userinfo:
-        user, has_password, secret = userinfo.partition(":")
-        username = username or unquote(user)
-        if has_password:
-            password = password or unquote(secret)
+    # parse_url, not urlsplit: an endpoint list with an IPv6 member fails urlsplit on
+    # some Python releases.
+    parsed = parse_url(url, schemes=("etcd", "etcds"), default_port=_DEFAULT_PORT)
+    first = parsed.endpoints[0] if parsed.endpoints else Endpoint("localhost", _DEFAULT_PORT)
+    options = dict(parsed.query)
     return _Endpoint(
-        host=host or "localhost",
-        port=int(port) if port else _DEFAULT_PORT,
-        tls=parts.scheme.lower() == "etcds",
-        username=username,
-        password=password,
+        host=first.host,
+        port=first.port or _DEFAULT_PORT,
+        tls=parsed.scheme == "etcds",
+        username=options.get("username") or parsed.username,
+        password=options.get("password") or parsed.password,
         options=options,
     )
 

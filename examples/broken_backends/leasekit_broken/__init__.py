@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from leasekit_dictstore import DictLeaseProvider, _deadline, _DictStore, _Lease
 
@@ -30,6 +32,7 @@ from leasekit import (
 
 __all__ = [
     "VARIANTS",
+    "AcloseCancelsInFlight",
     "CheckThenSetAcquire",
     "CloseIsNoop",
     "ClosedRaisesDriverError",
@@ -58,6 +61,9 @@ __all__ = [
     "TransferSkipsToOwnerValidation",
     "TtlRoundedDown",
 ]
+
+
+_T = TypeVar("_T")
 
 
 class ReleaseWithoutOwnerCheck(DictLeaseProvider):
@@ -459,15 +465,51 @@ class CloseIsNoop(DictLeaseProvider):
 class ClosedRaisesDriverError(DictLeaseProvider):
     """After close, operations fail with the "driver's" error instead of a LeaseError.
 
-    Breaks "operations after close raise a LeaseError, not a driver error". Caught by
+    ``aclose()`` closes the "connection" itself instead of calling the toolkit's, so the
+    provider never refuses a call and the next one reaches a closed client. Breaks
+    "operations after close raise a LeaseError, not a driver error". Caught by
     ``test_operations_after_aclose_raise_lease_error`` and
     ``test_leaving_async_with_closes_the_provider``.
     """
 
+    _disconnected = False
+
+    async def aclose(self) -> None:
+        self._disconnected = True
+
     def _open_store(self) -> _DictStore:
-        if self._closed:
+        if self._disconnected:
             raise RuntimeError("connection is closed")
         return self._store
+
+
+class AcloseCancelsInFlight(DictLeaseProvider):
+    """``aclose()`` cancels the operations in flight instead of letting them finish.
+
+    Each operation waits for a simulated round trip; closing cancels the tasks that
+    wait, so their callers get a bare ``CancelledError`` nobody asked for (what the
+    etcd backend once did). Breaks "in-flight operations finish or raise a
+    LeaseError". Caught by ``test_aclose_with_operations_in_flight_settles_every_caller``.
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._waiting: set[asyncio.Task[object]] = set()
+
+    async def _run(self, operation: Callable[..., _T], *args: Any) -> _T:
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        try:
+            await asyncio.sleep(0.05)  # the round trip to the store
+        finally:
+            self._waiting.discard(task)
+        return await super()._run(operation, *args)
+
+    async def aclose(self) -> None:
+        for task in self._waiting:
+            task.cancel()
+        await super().aclose()
 
 
 class TokenCounterPerProvider(DictLeaseProvider):
@@ -653,6 +695,7 @@ VARIANTS: tuple[type[DictLeaseProvider], ...] = (
     CheckThenSetAcquire,
     CloseIsNoop,
     ClosedRaisesDriverError,
+    AcloseCancelsInFlight,
     TokenCounterPerProvider,
     ExpiredReacquireKeepsToken,
     DeniedAcquireExtendsHolder,

@@ -2,9 +2,14 @@
 
 Deliberately simple: one dict per store maps each key to its owner, fencing token and
 expiry on the process's monotonic clock; one counter issues every token. It shows
-the whole path a backend author takes (the five operations, the validators,
-capabilities, ``from_url``, the lifecycle, an entry point, the conformance suite),
-using only public ``leasekit`` names.
+the whole path a backend author takes, built from leasekit's public toolkit
+(``leasekit.backend``): :class:`~leasekit.backend.BackendProvider` gives the
+lifecycle (``async with``, an idempotent ``aclose()``, ``LeaseProviderClosed``
+afterwards), the ``timeout_s`` bound and error mapping of every call; ``parse_url``
+and an :class:`~leasekit.backend.OptionSet` read ``from_url``;
+:class:`~leasekit.backend.LeaseRecord` is what ``inspect`` returns. What is left here
+is the backend's own part: the store and its five atomic operations, the validators,
+the capabilities, an entry point, and the conformance suite to prove it.
 
 Leases live in this process only. ``dictstore://`` opens a private store;
 ``dictstore://NAME`` a store shared by every provider opened with that name in this
@@ -17,23 +22,34 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from leasekit import (
     Capabilities,
     InvalidLeaseArgument,
-    LeaseProviderClosed,
     LeaseResult,
     validate_key,
     validate_owner,
     validate_ttl_ms,
 )
+from leasekit.backend import (
+    BackendProvider,
+    ErrorMap,
+    LeaseRecord,
+    OptionSet,
+    parse_url,
+    timeout_option,
+)
 
 __all__ = ["DictLeaseProvider"]
 
-_SCHEME = "dictstore://"
+_T = TypeVar("_T")
+
+# The options this backend takes, from a URL's query or from keyword arguments: the
+# toolkit coerces and checks them, and refuses unknown ones naming them.
+_OPTIONS = OptionSet("dictstore", [timeout_option(5.0)])
 
 
 @dataclass(slots=True)
@@ -48,7 +64,11 @@ def _deadline(now: float, ttl_ms: int) -> float:
 
 
 class _DictStore:
-    """The leases of one store and its token counter, shared by every provider on it."""
+    """The leases of one store and its token counter, shared by every provider on it.
+
+    Its five operations are the backend's atomic mechanism: each runs start to finish
+    under the lock, taking the time as an argument, and touches nothing but the dict.
+    """
 
     def __init__(self) -> None:
         self.leases: dict[str, _Lease] = {}
@@ -74,12 +94,56 @@ class _DictStore:
         self.leases[key] = lease
         return lease
 
+    def acquire(self, now: float, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        lease = self.live(key, now)
+        if lease is None:
+            lease = self.grant(key, owner, ttl_ms, now)
+        elif lease.owner == owner:
+            lease.expires_at = _deadline(now, ttl_ms)  # idempotent: same token
+        else:
+            return LeaseResult(False, lease.owner, None)
+        return LeaseResult(True, owner, lease.token)
+
+    def owner(self, now: float, key: str) -> str | None:
+        lease = self.live(key, now)
+        return None if lease is None else lease.owner
+
+    def release(self, now: float, key: str, owner: str) -> None:
+        lease = self.live(key, now)
+        if lease is not None and lease.owner == owner:
+            del self.leases[key]
+
+    def renew(self, now: float, key: str, owner: str, ttl_ms: int) -> bool:
+        lease = self.live(key, now)
+        if lease is None or lease.owner != owner:
+            return False
+        lease.expires_at = _deadline(now, ttl_ms)
+        return True
+
+    def transfer(self, now: float, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        lease = self.live(key, now)
+        if lease is None or lease.owner != from_owner:
+            return False
+        if to_owner == from_owner:
+            lease.expires_at = _deadline(now, ttl_ms)  # the same as renew
+        else:
+            self.grant(key, to_owner, ttl_ms, now)  # one step: never free in between
+        return True
+
+    def records(self, now: float, prefix: str | None, limit: int) -> list[LeaseRecord]:
+        found = [
+            LeaseRecord(key, lease.owner, lease.token, max(1, int((lease.expires_at - now) * 1000)))
+            for key, lease in self.leases.items()
+            if now < lease.expires_at and (prefix is None or key.startswith(prefix))
+        ]
+        return sorted(found, key=lambda record: record.key)[:limit]
+
 
 _named_stores: dict[str, _DictStore] = {}
 _named_stores_lock = threading.Lock()
 
 
-class DictLeaseProvider:
+class DictLeaseProvider(BackendProvider):
     """Leases in a dict in this process's memory, with fencing and atomic transfer.
 
     ``DictLeaseProvider()`` has a private store; ``DictLeaseProvider("NAME")`` shares
@@ -88,12 +152,18 @@ class DictLeaseProvider:
     :class:`leasekit.LeaseProviderClosed`.
     """
 
+    backend: ClassVar[str] = "dictstore"
     # Declared once, as data: the suite checks each guarantee declared here. Expiry is
     # decided by time.monotonic() of this process, and nothing is shared with other
     # processes, so the other capabilities keep their conservative defaults.
-    capabilities = Capabilities(atomic_transfer=True, fencing=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(atomic_transfer=True, fencing=True)
+    # A dict raises nothing a driver would; a networked backend lists its driver's
+    # exceptions here, such as {DriverTimeout: leasekit.LeaseBackendTimeout}.
+    errors: ClassVar[ErrorMap] = ErrorMap({}, backend="dictstore")
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, **options: Any) -> None:
+        settings = _OPTIONS.parse((), options)
+        super().__init__(timeout_s=settings["timeout_s"], owns_client=True)
         if name is None:
             self._store = _DictStore()
         else:
@@ -105,74 +175,64 @@ class DictLeaseProvider:
             with _named_stores_lock:
                 self._store = _named_stores.setdefault(name, _DictStore())
         self.name = name
-        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DictLeaseProvider:
-        """Build from ``dictstore://`` (private store) or ``dictstore://NAME`` (shared)."""
-        if options:
+        """Build from ``dictstore://`` (private store) or ``dictstore://NAME`` (shared).
+
+        ``?timeout_s=2`` (or the keyword) sets the bound on every operation.
+        """
+        parsed = parse_url(url, schemes=["dictstore"])
+        if (
+            len(parsed.endpoints) > 1
+            or parsed.path
+            or parsed.username is not None
+            or any(endpoint.port is not None for endpoint in parsed.endpoints)
+        ):
             raise InvalidLeaseArgument.for_argument(
-                "options", f"dictstore:// takes no options, got {sorted(options)}"
+                "url", f"must look like dictstore:// or dictstore://NAME, got {parsed.redacted!r}"
             )
-        if not url.lower().startswith(_SCHEME) or "?" in url or "#" in url:
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"must look like dictstore:// or dictstore://NAME, got {url!r}"
-            )
-        return cls(url[len(_SCHEME) :] or None)
+        settings = _OPTIONS.parse(parsed.query, options, url=url)
+        name = parsed.endpoints[0].host if parsed.endpoints else None
+        return cls(name, **settings.values)
+
+    def _describe(self) -> str:
+        return "private" if self.name is None else repr(self.name)
 
     def _open_store(self) -> _DictStore:
-        if self._closed:
-            raise LeaseProviderClosed(backend="dictstore")
+        self._refuse_if_closed()
         return self._store
+
+    async def _run(self, operation: Callable[..., _T], *args: Any) -> _T:
+        """One atomic operation on the store: what every public method hands to ``_call``."""
+        store = self._open_store()
+        with store.lock:
+            return operation(store, time.monotonic(), *args)
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         """Take ``key`` if it is free, expired or already ``owner``'s; else report the holder."""
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        store = self._open_store()
-        with store.lock:
-            now = time.monotonic()
-            lease = store.live(key, now)
-            if lease is None:
-                lease = store.grant(key, owner, ttl_ms, now)
-            elif lease.owner == owner:
-                lease.expires_at = _deadline(now, ttl_ms)  # idempotent: same token
-            else:
-                return LeaseResult(False, lease.owner, None)
-            return LeaseResult(True, owner, lease.token)
+        return await self._call(self._run(_DictStore.acquire, key, owner, ttl_ms), key)
 
     async def get_lease_owner(self, key: str) -> str | None:
         """Return the live holder of ``key``, or ``None``."""
         validate_key(key)
-        store = self._open_store()
-        with store.lock:
-            lease = store.live(key, time.monotonic())
-            return None if lease is None else lease.owner
+        return await self._call(self._run(_DictStore.owner, key), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
         """Free ``key`` if ``owner`` holds it; anyone else's release changes nothing."""
         validate_key(key)
         validate_owner(owner)
-        store = self._open_store()
-        with store.lock:
-            lease = store.live(key, time.monotonic())
-            if lease is not None and lease.owner == owner:
-                del store.leases[key]
+        await self._call(self._run(_DictStore.release, key, owner), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Reset ``owner``'s live lease to ``ttl_ms`` from now; ``False`` if not the holder."""
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        store = self._open_store()
-        with store.lock:
-            now = time.monotonic()
-            lease = store.live(key, now)
-            if lease is None or lease.owner != owner:
-                return False
-            lease.expires_at = _deadline(now, ttl_ms)
-            return True
+        return await self._call(self._run(_DictStore.renew, key, owner, ttl_ms), key)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``from_owner``'s live lease to ``to_owner`` with a fresh token and TTL.
@@ -184,34 +244,14 @@ class DictLeaseProvider:
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
-        store = self._open_store()
-        with store.lock:
-            now = time.monotonic()
-            lease = store.live(key, now)
-            if lease is None or lease.owner != from_owner:
-                return False
-            if to_owner == from_owner:
-                lease.expires_at = _deadline(now, ttl_ms)  # the same as renew
-            else:
-                store.grant(key, to_owner, ttl_ms, now)
-            return True
+        operation = self._run(_DictStore.transfer, key, from_owner, to_owner, ttl_ms)
+        return await self._call(operation, key)
 
-    async def aclose(self) -> None:
-        """Close this provider; a named store stays for the other providers of that name."""
-        self._closed = True
-
-    async def __aenter__(self) -> DictLeaseProvider:
-        self._open_store()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        where = "private" if self.name is None else repr(self.name)
-        return f"DictLeaseProvider({where}{', closed' if self._closed else ''})"
+    async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """Live leases in key order (``leasekit inspect``), only keys under ``prefix`` if given."""
+        if prefix is not None:
+            validate_key(prefix, "prefix")
+        checked: object = limit
+        if isinstance(checked, bool) or not isinstance(checked, int) or checked < 1:
+            raise InvalidLeaseArgument.for_argument("limit", f"must be an int >= 1, got {limit!r}")
+        return await self._call(self._run(_DictStore.records, prefix, limit))

@@ -1,0 +1,98 @@
+"""Release notifications from etcd watches, multiplexed on the client's one watch stream.
+
+A lease's records live under one key range (``holder_range``); a release, a transfer
+(the old holder's record is deleted) and an expiry (etcd deletes the records of an
+expired etcd lease) all show up as a ``DELETE`` event in that range. So one watch per
+waited-for key, filtered to deletes at the server, covers every way a key may become
+free, expiry included. aetcd multiplexes every watch of a ``Watcher`` on one gRPC stream.
+
+:class:`EtcdReleaseListener` starts a key's watch with its first waiter and cancels it
+with its last; each delete wakes that key's waiters through the toolkit's
+:class:`~leasekit.backend.ReleaseHub`. A watch that fails (the member went away) wakes
+its waiters, who look again, and is created afresh by the next wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from leasekit.backend import ReleaseHub, ReleaseWatch
+
+__all__ = ["EtcdReleaseListener"]
+
+_log = logging.getLogger("leasekit.etcd")
+
+
+class EtcdReleaseListener:
+    """Per-key delete watches on one multiplexed watch stream, fanned out to waiters.
+
+    ``watcher()`` returns the ``aetcd.watcher.Watcher`` to use (one per channel; the
+    provider builds it on its current member's channel, TLS and auth included), and
+    ``lost()`` is called when a watch fails, so the next one starts on a fresh stream.
+    """
+
+    def __init__(
+        self,
+        watcher: Callable[[], Awaitable[Any]],
+        *,
+        timeout_s: float,
+        lost: Callable[[], None] | None = None,
+    ) -> None:
+        self._watcher = watcher
+        self._timeout_s = timeout_s
+        self._on_lost = lost
+        self.hub = ReleaseHub(on_last=self._drop)
+        self._watching: dict[str, tuple[Any, int]] = {}  # key -> (watcher, watch id)
+
+    async def watch(self, key: str, start: bytes, end: bytes) -> ReleaseWatch:
+        """Watch ``key`` (records in ``[start, end)``); returns once etcd created the watch."""
+        watch = self.hub.watch(key)
+        try:
+            if key not in self._watching:
+                await asyncio.wait_for(self._create(key, start, end), self._timeout_s)
+        except BaseException:
+            watch.close()
+            raise
+        return watch
+
+    async def _create(self, key: str, start: bytes, end: bytes) -> None:
+        from aetcd.rtypes import EventKind  # type: ignore[import-untyped]  # noqa: PLC0415
+
+        watcher = await self._watcher()
+
+        async def on_event(event_or_error: Any) -> None:
+            if isinstance(event_or_error, Exception):
+                # The stream failed (the member went away): look again, start over.
+                _log.debug("watch on %r lost (%s)", key, event_or_error)
+                self._watching.pop(key, None)
+                if self._on_lost is not None:
+                    self._on_lost()
+            self.hub.notify(key)
+
+        callback = await watcher.add_callback(start, on_event, range_end=end, kind=EventKind.DELETE)
+        self._watching[key] = (watcher, callback.watch_id)
+
+    def _drop(self, key: str) -> None:
+        entry = self._watching.pop(key, None)
+        if entry is not None:
+            watcher, watch_id = entry
+            cancel = asyncio.get_running_loop().create_task(watcher.cancel(watch_id))
+            cancel.add_done_callback(_ignore_outcome)
+
+    async def aclose(self) -> None:
+        """Cancel every watch and shut the watch streams down; waiters are woken."""
+        watchers = {id(watcher): watcher for watcher, _ in self._watching.values()}
+        self._watching.clear()
+        for watcher in watchers.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(watcher.shutdown(), self._timeout_s)
+        self.hub.notify_all()
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

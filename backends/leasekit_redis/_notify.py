@@ -1,0 +1,164 @@
+"""Release notifications over Redis pub/sub: one subscriber connection per provider.
+
+The release and transfer scripts publish on ``<lease name>:released`` (the lease's own
+hash tag, so on Redis Cluster the sharded ``SPUBLISH`` stays in the lease's slot and
+reaches only that shard's subscribers). A provider that has waiters subscribes to the
+channels of the keys they wait for, on one pub/sub connection shared by all of them
+(:class:`RedisReleaseListener`); each message wakes that key's waiters through the
+toolkit's :class:`~leasekit.backend.ReleaseHub`. Expiry sends nothing: waiters also
+sleep only until the holder's remaining TTL (``PTTL``).
+
+A subscription is confirmed by the server before ``watch`` returns, so a release
+published after it is never missed. When the subscriber connection drops, every waiter
+is woken (it may have missed a message): when redis-py reconnects and subscribes
+again by itself, the repeated subscription confirmation says so; when it gives up, the
+listener starts over on the next watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from leasekit.backend import ReleaseHub, ReleaseWatch
+
+__all__ = ["CHANNEL_SUFFIX", "RedisReleaseListener", "channel_name"]
+
+CHANNEL_SUFFIX = b":released"
+
+_log = logging.getLogger("leasekit.redis")
+
+
+def channel_name(lease: bytes) -> bytes:
+    """The pub/sub channel the scripts publish on when the lease ``lease`` may be free."""
+    return lease + CHANNEL_SUFFIX
+
+
+class RedisReleaseListener:
+    """One pub/sub connection, subscribed to the channels of the keys being waited for."""
+
+    def __init__(self, client: Any, *, sharded: bool, timeout_s: float) -> None:
+        self._client = client
+        self._sharded = sharded
+        self._timeout_s = timeout_s
+        self.hub = ReleaseHub(on_last=self._drop)
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._channels: dict[bytes, str] = {}  # channel -> key, for the subscribed ones
+        self._confirmed: dict[bytes, asyncio.Future[None]] = {}
+        self._closed = False
+
+    async def watch(self, key: str, lease: bytes) -> ReleaseWatch:
+        """Watch ``key`` (whose lease name is ``lease``); returns once subscribed."""
+        watch = self.hub.watch(key)
+        channel = channel_name(lease)
+        try:
+            if channel not in self._channels:
+                await asyncio.wait_for(self._subscribe(channel, key), self._timeout_s)
+            else:
+                pending = self._confirmed.get(channel)
+                if pending is not None:
+                    await asyncio.wait_for(asyncio.shield(pending), self._timeout_s)
+        except BaseException:
+            watch.close()
+            raise
+        return watch
+
+    async def _subscribe(self, channel: bytes, key: str) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+        self._channels[channel] = key
+        confirmed = asyncio.get_running_loop().create_future()
+        self._confirmed[channel] = confirmed
+        if self._sharded:
+            await self._pubsub.ssubscribe(channel)
+        else:
+            await self._pubsub.subscribe(channel)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+        await asyncio.shield(confirmed)
+
+    def _drop(self, key: str) -> None:
+        """The last waiter of ``key`` left: unsubscribe its channel (in the background)."""
+        for channel, known in list(self._channels.items()):
+            if known == key:
+                del self._channels[channel]
+                self._confirmed.pop(channel, None)
+                if self._pubsub is not None and not self._closed:
+                    unsubscribe = (
+                        self._pubsub.sunsubscribe if self._sharded else self._pubsub.unsubscribe
+                    )
+                    task = asyncio.get_running_loop().create_task(unsubscribe(channel))
+                    task.add_done_callback(_ignore_outcome)
+
+    async def _read(self) -> None:
+        pubsub = self._pubsub
+        try:
+            while not self._closed:
+                message = await pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                kind = message.get("type")
+                channel = message.get("channel")
+                if isinstance(channel, str):
+                    channel = channel.encode()
+                if kind in ("subscribe", "ssubscribe"):
+                    confirmed = self._confirmed.pop(channel, None)
+                    if confirmed is not None and not confirmed.done():
+                        confirmed.set_result(None)
+                    elif channel in self._channels:
+                        # redis-py reconnected and subscribed again: messages published
+                        # in between were lost, so this key's waiters look again.
+                        self.hub.notify(self._channels[channel])
+                elif kind in ("message", "smessage"):
+                    key = self._channels.get(channel)
+                    if key is not None:
+                        self.hub.notify(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the channel is lost: wake everyone, start over)
+            _log.debug(
+                "release notifications lost (%s: %s); waiters fall back", type(exc).__name__, exc
+            )
+            self._lost()
+
+    def _lost(self) -> None:
+        """The subscriber connection failed: forget it; every waiter looks again."""
+        pubsub, self._pubsub = self._pubsub, None
+        self._channels.clear()
+        for confirmed in self._confirmed.values():
+            if not confirmed.done():
+                confirmed.set_exception(ConnectionError("the pub/sub connection was lost"))
+                confirmed.add_done_callback(_ignore_outcome)
+        self._confirmed.clear()
+        self.hub.notify_all()
+        if pubsub is not None:
+            task = asyncio.get_running_loop().create_task(pubsub.aclose())
+            task.add_done_callback(_ignore_outcome)
+
+    async def break_connection(self) -> None:
+        """Cut the subscriber connection, as a network failure would (for tests)."""
+        pubsub = self._pubsub
+        if pubsub is not None and pubsub.connection is not None:
+            await pubsub.connection.disconnect()
+
+    async def aclose(self) -> None:
+        """Stop listening; waiters are woken and fall back to the holder's TTL."""
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        self.hub.notify_all()
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pubsub.aclose(), self._timeout_s)
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

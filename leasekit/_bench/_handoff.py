@@ -1,0 +1,284 @@
+"""The "handoff" benchmark: how soon a waiter holds a key after its holder lets go.
+
+Three measures per URL, each with leasekit's notifications and with notifications
+hidden (today's polling), side by side in one run:
+
+- **handoff**: a waiter is already in ``wait_for()`` when the holder releases at t0;
+  the waiter holds the key at t1. p50/p99 of t1 - t0.
+- **takeover**: the holder dies (never releases); t1 - (grant + ttl), where grant is
+  when the holder's acquire returned. Positive: after the TTL, as it must be.
+- **waiting load**: 50 waiters wait on one held key for a few seconds; the requests
+  they send to the store per second (counted at the provider boundary: every
+  operation is one request).
+
+On Redis the peers are redis-py's asyncio ``Lock(blocking=True)`` and
+python-redis-lock (BLPOP-based, sync, run in threads) when installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import connect, wait_for
+from .._capabilities import capabilities_of
+from .._contract import LeaseResult
+
+__all__ = ["HandoffReport", "run_handoff"]
+
+
+class _Counting:
+    """A provider that counts what it sends, and can hide release notifications."""
+
+    def __init__(self, inner: Any, *, notifications: bool) -> None:
+        self._inner = inner
+        caps = capabilities_of(inner)
+        self.capabilities = caps if notifications else replace(caps, release_notifications=False)
+        self.requests = 0
+        if notifications and caps.release_notifications:
+            self.watch_release = inner.watch_release
+        if notifications and callable(getattr(inner, "lease_remaining_ms", None)):
+            self.lease_remaining_ms = self._remaining
+
+    async def _remaining(self, key: str) -> int | None:
+        self.requests += 1
+        result: int | None = await self._inner.lease_remaining_ms(key)
+        return result
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        self.requests += 1
+        result: LeaseResult = await self._inner.acquire_lease(key, owner, ttl_ms)
+        return result
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        self.requests += 1
+        owner: str | None = await self._inner.get_lease_owner(key)
+        return owner
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        self.requests += 1
+        await self._inner.release_lease(key, owner)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        self.requests += 1
+        renewed: bool = await self._inner.renew_lease(key, owner, ttl_ms)
+        return renewed
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        self.requests += 1
+        moved: bool = await self._inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+        return moved
+
+
+@dataclass
+class Measure:
+    """One contender's numbers: latencies in ms, waiting load in requests/s per waiter."""
+
+    contender: str
+    handoff_ms: list[float] = field(default_factory=list)
+    takeover_ms: list[float] = field(default_factory=list)
+    load_per_waiter: float | None = None
+
+    @staticmethod
+    def _pct(values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "contender": self.contender,
+            "handoff_p50_ms": self._pct(self.handoff_ms, 0.5),
+            "handoff_p99_ms": self._pct(self.handoff_ms, 0.99),
+            "takeover_p50_ms": self._pct(self.takeover_ms, 0.5),
+            "takeover_max_ms": max(self.takeover_ms) if self.takeover_ms else None,
+            "waiting_requests_per_s_per_waiter": self.load_per_waiter,
+            "rounds": len(self.handoff_ms),
+        }
+
+
+@dataclass
+class HandoffReport:
+    url: str
+    measures: list[Measure]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [measure.row() for measure in self.measures]
+
+
+async def _leasekit_measure(
+    url: str, *, notifications: bool, handoffs: int, takeovers: int, load_s: float
+) -> Measure:
+    label = "leasekit, notifications" if notifications else "leasekit, polling"
+    measure = Measure(label)
+    async with connect(url) as inner:
+        provider = _Counting(inner, notifications=notifications)
+        caps = capabilities_of(inner)
+        ns = f"leasekit-bench-handoff:{time.time_ns()}:{int(notifications)}"
+        for index in range(handoffs):
+            key = f"{ns}:h{index}"
+            await provider.acquire_lease(key, "holder", 30_000)
+            done = asyncio.get_running_loop().create_future()
+
+            async def wait(key: str = key, done: asyncio.Future[float] = done) -> None:
+                await wait_for(provider, key, "waiter", 30_000, 30.0)
+                done.set_result(time.perf_counter())
+
+            task = asyncio.ensure_future(wait())
+            await asyncio.sleep(0.02)  # the waiter is denied and waiting by then
+            t0 = time.perf_counter()
+            await provider.release_lease(key, "holder")
+            t1 = await done
+            await task
+            measure.handoff_ms.append((t1 - t0) * 1000)
+            await provider.release_lease(key, "waiter")
+        ttl_ms = caps.effective_ttl_ms(max(200, caps.min_ttl_ms))
+        for index in range(takeovers):
+            key = f"{ns}:t{index}"
+            await provider.acquire_lease(key, "dead", ttl_ms)
+            granted = time.perf_counter()
+            await wait_for(provider, key, "waiter", 30_000, 60.0)
+            measure.takeover_ms.append((time.perf_counter() - granted) * 1000 - ttl_ms)
+            await provider.release_lease(key, "waiter")
+        key = f"{ns}:load"
+        await provider.acquire_lease(key, "holder", 60_000)
+        waiters = [
+            asyncio.ensure_future(wait_for(provider, key, f"w{n}", 30_000, load_s + 5))
+            for n in range(50)
+        ]
+        await asyncio.sleep(0.5)  # past the first looks and subscriptions
+        before = provider.requests
+        await asyncio.sleep(load_s)
+        measure.load_per_waiter = (provider.requests - before) / load_s / 50
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await provider.release_lease(key, "holder")
+    return measure
+
+
+async def _redis_lock_measure(url: str, handoffs: int) -> Measure | None:
+    try:
+        import redis.asyncio  # noqa: PLC0415 (only for redis:// URLs)
+    except ImportError:
+        return None
+    measure = Measure("redis-py asyncio Lock(blocking=True)")
+    client = redis.asyncio.Redis.from_url(url.partition("?")[0])
+    try:
+        for index in range(handoffs):
+            name = f"leasekit-bench-handoff:redispy:{time.time_ns()}:{index}"
+            held = client.lock(name, timeout=30)
+            await held.acquire()
+            done = asyncio.get_running_loop().create_future()
+
+            async def wait(name: str = name, done: asyncio.Future[float] = done) -> None:
+                lock = client.lock(name, timeout=30)
+                await lock.acquire(blocking=True, blocking_timeout=30)
+                done.set_result(time.perf_counter())
+                await lock.release()
+
+            task = asyncio.ensure_future(wait())
+            await asyncio.sleep(0.02)
+            t0 = time.perf_counter()
+            await held.release()
+            measure.handoff_ms.append((await done - t0) * 1000)
+            await task
+    finally:
+        await client.aclose()
+    return measure
+
+
+def _python_redis_lock_measure(url: str, handoffs: int) -> Measure | None:
+    try:
+        import redis  # noqa: PLC0415
+        import redis_lock  # noqa: PLC0415
+    except ImportError:
+        return None
+    measure = Measure("python-redis-lock (BLPOP)")
+    client = redis.Redis.from_url(url.partition("?")[0])
+    try:
+        for index in range(handoffs):
+            name = f"leasekit-bench-handoff:prl:{time.time_ns()}:{index}"
+            held = redis_lock.Lock(client, name, expire=30)
+            held.acquire()
+            got: list[float] = []
+            ready = threading.Event()
+
+            def wait(
+                name: str = name, got: list[float] = got, ready: threading.Event = ready
+            ) -> None:
+                lock = redis_lock.Lock(client, name, expire=30)
+                ready.set()
+                lock.acquire(blocking=True, timeout=30)
+                got.append(time.perf_counter())
+                lock.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            ready.wait()
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            held.release()
+            thread.join(60)
+            if got:
+                measure.handoff_ms.append((got[0] - t0) * 1000)
+    finally:
+        client.close()
+    return measure
+
+
+async def _measure_all(
+    url: str, handoffs: int, takeovers: int, load_s: float, peers: bool
+) -> list[Measure]:
+    measures = [
+        await _leasekit_measure(
+            url, notifications=flag, handoffs=handoffs, takeovers=takeovers, load_s=load_s
+        )
+        for flag in (True, False)
+    ]
+    if peers and url.startswith(("redis://", "rediss://")):
+        peer = await _redis_lock_measure(url, handoffs)
+        if peer is not None:
+            measures.append(peer)
+        other = await asyncio.to_thread(_python_redis_lock_measure, url, handoffs)
+        if other is not None:
+            measures.append(other)
+    return measures
+
+
+def run_handoff(
+    url: str,
+    *,
+    handoffs: int = 200,
+    takeovers: int = 10,
+    load_s: float = 5.0,
+    peers: bool = True,
+) -> HandoffReport:
+    """Measure handoff, takeover and waiting load on ``url``; see the module docstring."""
+    coroutine = _measure_all(url, handoffs, takeovers, load_s, peers)
+    with contextlib.closing(asyncio.new_event_loop()) as loop:
+        return HandoffReport(url, loop.run_until_complete(coroutine))
+
+
+def format_report(report: HandoffReport) -> str:
+    """A plain table of the report, one line per contender."""
+    lines = [
+        f"handoff on {report.url}",
+        f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'takeover p50':>13} {'req/s/waiter':>13}",
+    ]
+
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines.extend(
+        f"{row['contender']:40} {show(row['handoff_p50_ms']):>8} "
+        f"{show(row['handoff_p99_ms']):>8} {show(row['takeover_p50_ms']):>13} "
+        f"{show(row['waiting_requests_per_s_per_waiter']):>13}"
+        for row in report.rows()
+    )
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""The public toolkit every leasekit backend is built from, ours and third parties'.
+
+A backend's own code is its atomic mechanism: statements or scripts, reply parsing,
+capabilities. Everything else is here, once:
+
+- :class:`BackendProvider`: ``async with``, an idempotent ``aclose()`` that settles
+  operations in flight and drains background work within ``timeout_s``, refusal after
+  closing (:class:`~leasekit.LeaseProviderClosed`), a ``repr`` without secrets, and
+  :meth:`BackendProvider._call`, the one bounded, error-mapped way to await a driver.
+- :class:`Deadlines`: one timer per provider bounding every operation by ``timeout_s``.
+- :class:`ErrorMap` and :func:`map_errors`: driver exceptions to
+  :class:`~leasekit.LeaseBackendError`, :class:`~leasekit.LeaseBackendTimeout` and
+  :class:`~leasekit.LeaseBackendUnreachable`, at the boundary.
+- :func:`parse_url`, :class:`OptionSet` / :class:`Option` / :func:`timeout_option`,
+  :func:`coerce_bool` and :func:`redact_url`: URLs with endpoint lists (IPv6
+  included), options coerced one way, unknown ones refused, passwords never shown.
+- :class:`LeaseRecord` and the protocols :class:`SupportsInspect`,
+  :class:`SupportsMigrate`, :class:`SupportsSweep`, :class:`SupportsFlush`, checked
+  structurally with :func:`supports`.
+- :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
+  :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
+  when a key may have become free, instead of polling.
+
+See the guide "Writing a backend" in the documentation.
+"""
+
+from __future__ import annotations
+
+from ._deadlines import Deadlines, Overdue
+from ._errors import ErrorMap, map_errors
+from ._notify import ReleaseHub, ReleaseWatch, SupportsReleaseNotifications, SupportsRemaining
+from ._provider import BackendProvider
+from ._records import (
+    LeaseRecord,
+    SupportsFlush,
+    SupportsInspect,
+    SupportsMigrate,
+    SupportsSweep,
+    supports,
+)
+from ._urls import (
+    Endpoint,
+    Option,
+    OptionSet,
+    ParsedOptions,
+    ParsedURL,
+    coerce_bool,
+    parse_url,
+    redact_url,
+    timeout_option,
+)
+
+__all__ = [
+    "BackendProvider",
+    "Deadlines",
+    "Endpoint",
+    "ErrorMap",
+    "LeaseRecord",
+    "Option",
+    "OptionSet",
+    "Overdue",
+    "ParsedOptions",
+    "ParsedURL",
+    "ReleaseHub",
+    "ReleaseWatch",
+    "SupportsFlush",
+    "SupportsInspect",
+    "SupportsMigrate",
+    "SupportsReleaseNotifications",
+    "SupportsRemaining",
+    "SupportsSweep",
+    "coerce_bool",
+    "map_errors",
+    "parse_url",
+    "redact_url",
+    "supports",
+    "timeout_option",
+]

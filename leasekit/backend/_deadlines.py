@@ -1,0 +1,139 @@
+"""One timer per provider bounds every operation by ``timeout_s``.
+
+``async with asyncio.timeout()`` arms and cancels a timer per call, a cost that shows
+up beside a loopback round trip (``leasekit bench``). Every operation of a provider has
+the same ``timeout_s``, so deadlines fall due in the order the operations began: a FIFO
+of open operations and one timer, set for the oldest, bound them all.
+
+Two ways to be bounded, one mechanism:
+
+- :meth:`Deadlines.open` / :meth:`Deadlines.close` time the *current task*: at the
+  deadline the timer cancels it, as ``asyncio.timeout`` would, and ``close`` says the
+  cancellation was the deadline's own so the caller can raise a timeout instead. A
+  cancellation from elsewhere still propagates. For drivers that unwind promptly when
+  cancelled (redis-py, grpc).
+- :meth:`Deadlines.start` times a *waiter future*: at the deadline the waiter fails
+  with :class:`Overdue` and the caller moves on at once, abandoning the driver call
+  (which goes on in its own task, or thread, and is drained by ``aclose``). For
+  drivers whose cancellation itself waits on the server (psycopg sends a cancel
+  request and waits for it) or cannot cancel at all (a thread running sqlite3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import deque
+from typing import Any
+
+__all__ = ["Deadlines", "Overdue"]
+
+
+class Overdue(Exception):
+    """Set on a waiter by :class:`Deadlines` when its deadline passes; never shown to users."""
+
+
+class _Open:
+    """One operation in flight: what to stop at its deadline, and whether it ran out."""
+
+    __slots__ = ("cancelling", "closed", "deadline", "expired", "task", "waiter")
+
+    def __init__(
+        self,
+        deadline: float,
+        task: asyncio.Task[Any] | None,
+        waiter: asyncio.Future[Any] | None,
+    ) -> None:
+        self.deadline = deadline
+        self.task = task
+        self.waiter = waiter
+        # Cancellations already requested when the operation began (asyncio.timeout's
+        # bookkeeping): a deadline's own cancel is taken back only if it is the one that
+        # arrived, so a cancel from elsewhere still propagates as CancelledError.
+        self.cancelling = 0
+        if sys.version_info >= (3, 11) and task is not None:
+            self.cancelling = task.cancelling()
+        self.closed = False
+        self.expired = False
+
+
+_UNCANCEL = sys.version_info >= (3, 11)  # Task.uncancel() exists from 3.11
+
+
+class Deadlines:
+    """The deadline of every operation in flight of one provider, on a single timer."""
+
+    __slots__ = ("_loop", "_open", "_timer", "timeout_s")
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._open: deque[_Open] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def can_cancel_tasks(self) -> bool:
+        """Whether :meth:`open` works here (Python 3.11+ inside a task)."""
+        return _UNCANCEL and asyncio.current_task() is not None
+
+    def open(self) -> _Open | None:
+        """Time the current task's operation; ``None`` where that cannot be done.
+
+        ``None`` (Python 3.10, or outside a task) means the caller must bound the call
+        another way: :meth:`start` with a waiter, or ``asyncio.wait_for``.
+        """
+        if not _UNCANCEL:
+            return None
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        watch = _Open(0.0, task, None)
+        self._push(task.get_loop(), watch)
+        return watch
+
+    def start(self, waiter: asyncio.Future[Any]) -> _Open:
+        """Time ``waiter``: it fails with :class:`Overdue` at the deadline unless done."""
+        watch = _Open(0.0, None, waiter)
+        self._push(waiter.get_loop(), watch)
+        return watch
+
+    def close(self, watch: _Open | None) -> bool:
+        """End ``watch`` (idempotent); True if its deadline alone cancelled the task."""
+        if watch is None or watch.closed:
+            return False
+        watch.closed = True
+        pending = self._open
+        while pending and pending[0].closed:
+            pending.popleft()
+        if sys.version_info >= (3, 11) and watch.expired and watch.task is not None:
+            return bool(watch.task.uncancel() <= watch.cancelling)
+        return False
+
+    def _push(self, loop: asyncio.AbstractEventLoop, watch: _Open) -> None:
+        if loop is not self._loop:  # first use, or the provider now runs on another loop
+            self._loop, self._open, self._timer = loop, deque(), None
+        watch.deadline = loop.time() + self.timeout_s
+        pending = self._open
+        while pending and pending[0].closed:
+            pending.popleft()
+        pending.append(watch)
+        if self._timer is None:
+            self._timer = loop.call_at(watch.deadline, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a timer left on a loop the provider no longer runs on
+        self._timer = None
+        now = loop.time()
+        pending = self._open
+        while pending and (pending[0].closed or pending[0].deadline <= now):
+            watch = pending.popleft()
+            if watch.closed:
+                continue
+            watch.expired = True
+            if watch.task is not None:
+                watch.task.cancel()
+            elif watch.waiter is not None and not watch.waiter.done():
+                watch.waiter.set_exception(Overdue())
+        if pending:
+            self._timer = loop.call_at(pending[0].deadline, self._expire, loop)

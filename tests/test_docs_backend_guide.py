@@ -1,0 +1,165 @@
+"""The backend guide, followed as written: its files make a package that passes the suite.
+
+``docs/writing-a-backend.md`` shows every file of its example plugin whole, each code
+block starting with a ``# file: PATH`` line. These tests write those blocks into a
+fresh directory, exactly as a reader would save them, and then do what the page says:
+run the conformance suite on the package (a pytest subprocess with the page's own
+pytest configuration), install it and reach it through its entry point by URL, and
+type-check it strictly. Nothing comes from ``examples/`` or from the test process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "writing-a-backend.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+MARKER = re.compile(r"# file: (\S+)")
+PACKAGE_FILES = {"pyproject.toml", "leasekit_tinystore/__init__.py", "tests/test_conformance.py"}
+RUN_TIMEOUT_S = 600
+
+
+def guide_files() -> dict[str, str]:
+    """The page's code blocks that start with ``# file: PATH``, by path."""
+    files: dict[str, str] = {}
+    for match in FENCE.finditer(GUIDE.read_text(encoding="utf-8")):
+        first_line = match.group(2).partition("\n")[0]
+        marker = MARKER.fullmatch(first_line)
+        if marker is not None:
+            assert marker.group(1) not in files, f"{marker.group(1)} is shown twice"
+            files[marker.group(1)] = match.group(2)
+    return files
+
+
+def _env(pythonpath: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTEST_ADDOPTS", None)
+    env["PYTHONPATH"] = str(pythonpath)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _run(command: list[str], *, cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=_env(pythonpath),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def guide_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page's files saved under their names, plus the empty py.typed it touches."""
+    root = tmp_path_factory.mktemp("guide") / "leasekit-tinystore"
+    for name, body in guide_files().items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    (root / "leasekit_tinystore" / "py.typed").touch()
+    return root
+
+
+def test_guide_shows_every_file_of_its_package() -> None:
+    text = GUIDE.read_text(encoding="utf-8")
+    assert set(guide_files()) == PACKAGE_FILES
+    assert "touch leasekit_tinystore/py.typed" in text
+    # leasekit is not on PyPI: the page must say how to install it before the plugin.
+    assert text.index("pip install -e '/path/to/leasekit[test]'") < text.index(
+        "pip install -e '.[test]'"
+    )
+
+
+@pytest.mark.slow
+def test_guide_package_passes_the_conformance_suite(guide_package: Path) -> None:
+    report = guide_package / "junit.xml"
+    proc = _run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={report}"],
+        cwd=guide_package,
+        pythonpath=guide_package,
+    )
+    output = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, output
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(report).iter("testcase"):
+        tags = {child.tag for child in case}
+        outcome = next(
+            (
+                o
+                for tag, o in (("failure", "failed"), ("error", "error"), ("skipped", "skipped"))
+                if tag in tags
+            ),
+            "passed",
+        )
+        outcomes[case.get("name", "")] = outcome
+    counts = Counter(outcomes.values())
+    assert counts["failed"] == counts["error"] == 0, output
+    assert counts["passed"] >= 100, f"the suite hardly ran: {dict(counts)}\n{output}"
+    # An in-process store: only the multi-process checks may skip.
+    skipped = sorted(name for name, outcome in outcomes.items() if outcome == "skipped")
+    assert all("processes" in name for name in skipped), skipped
+    assert "test_aclose_with_operations_in_flight_settles_every_caller" in outcomes
+
+
+@pytest.mark.slow
+def test_guide_package_installs_and_is_found_by_its_scheme(
+    guide_package: Path, tmp_path: Path
+) -> None:
+    if importlib.util.find_spec("pip") is None or importlib.util.find_spec("hatchling") is None:
+        pytest.skip("installing the guide's package offline needs pip and hatchling")
+    target = tmp_path / "installed"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    proc = _run(
+        [*pip, "--no-index", "--no-build-isolation", "--no-deps", "--target", str(target), "."],
+        cwd=guide_package,
+        pythonpath=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    script = (
+        "import asyncio, leasekit\n"
+        "async def main():\n"
+        "    async with leasekit.connect('tinystore://jobs?timeout_s=2&max_keys=10') as leases:\n"
+        "        print(type(leases).__name__, leases.timeout_s, leases.max_keys)\n"
+        "        print(await leases.acquire_lease('thread-42', 'worker-1', 30_000))\n"
+        "        print([(r.key, r.owner, r.token) for r in await leases.inspect('thread-')])\n"
+        "    print(repr(leases))\n"
+        "    try:\n"
+        "        leasekit.connect('tinystore://jobs?colour=blue')\n"
+        "    except leasekit.InvalidLeaseArgument as exc:\n"
+        "        print('refused', exc.argument)\n"
+        "asyncio.run(main())\n"
+    )
+    run = _run([sys.executable, "-W", "error", "-c", script], cwd=tmp_path, pythonpath=target)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == [
+        "TinyLeaseProvider 2.0 10",
+        "LeaseResult(acquired=True, owner='worker-1', token=1)",
+        "[('thread-42', 'worker-1', 1)]",
+        "TinyLeaseProvider('jobs', closed)",
+        "refused url",
+    ]
+
+
+@pytest.mark.slow
+def test_guide_package_type_checks_strictly(guide_package: Path) -> None:
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed")
+    proc = _run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "leasekit_tinystore"],
+        cwd=guide_package,
+        pythonpath=guide_package,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,66 @@
+"""The etcd release listener: per-key delete watches feeding the toolkit's hub.
+
+Driven with raw puts and deletes through aetcd on a real etcd, apart from the provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from servers import missing_extra
+
+try:
+    import aetcd
+except ImportError:  # pragma: no cover
+    missing_extra("etcd", "tests/test_etcd_notify.py")
+
+from leasekit_etcd._notify import EtcdReleaseListener
+
+pytestmark = pytest.mark.anyio
+
+
+def _watcher_of(client: Any) -> Any:
+    async def watcher() -> Any:
+        await client.connect()
+        return client._watcher
+
+    return watcher
+
+
+BOUND_S = 20.0
+
+
+@pytest.fixture
+async def client(etcd_url: str) -> AsyncIterator[Any]:
+    host, _, port = etcd_url.removeprefix("etcd://").partition(":")
+    connection = aetcd.Client(host=host, port=int(port))
+    async with connection:
+        yield connection
+
+
+async def test_a_delete_in_the_range_wakes_the_keys_waiters_and_a_put_does_not(
+    client: Any, etcd_prefix: str
+) -> None:
+    listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
+    start = f"{etcd_prefix}k\0".encode()
+    end = f"{etcd_prefix}k\1".encode()
+    try:
+        watch = await listener.watch("k", start, end)
+        await client.put(start + b"alice", b"1")
+        assert not await watch.wait(0.2)
+        await client.delete(start + b"alice")
+        assert await watch.wait(BOUND_S)
+        await client.put(f"{etcd_prefix}other".encode(), b"1")
+        await client.delete(f"{etcd_prefix}other".encode())
+        assert not await watch.wait(0.2)
+    finally:
+        await listener.aclose()
+
+
+async def test_closing_wakes_every_waiter(client: Any, etcd_prefix: str) -> None:
+    listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
+    watch = await listener.watch("k", etcd_prefix.encode(), etcd_prefix.encode() + b"\xff")
+    await listener.aclose()
+    assert await watch.wait(0)

@@ -1,0 +1,89 @@
+"""The Redis release listener: one pub/sub connection feeding the toolkit's hub.
+
+Driven here with raw PUBLISH commands on a real redis-server, so the listener's own
+behaviour (confirmed subscriptions, fan-out, unsubscribe, a dropped connection) is
+checked apart from the scripts; the provider-level checks live in the conformance
+suite's NotificationChecks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from servers import missing_extra
+
+try:
+    import redis.asyncio
+except ImportError:  # pragma: no cover
+    missing_extra("redis", "tests/test_redis_notify.py")
+
+from leasekit_redis._notify import RedisReleaseListener, channel_name
+
+pytestmark = pytest.mark.anyio
+BOUND_S = 20.0
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis.from_url(redis_url)
+    yield connection
+    await connection.aclose()
+
+
+async def test_a_publish_after_watch_returns_wakes_the_waiter(client: redis.asyncio.Redis) -> None:
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    try:
+        watch = await listener.watch("k", b"lease:{k}")
+        assert await client.publish(channel_name(b"lease:{k}"), b"") == 1  # subscribed already
+        assert await watch.wait(BOUND_S)
+        other = await listener.watch("k", b"lease:{k}")  # a second waiter shares the channel
+        await client.publish(channel_name(b"lease:{k}"), b"")
+        assert await watch.wait(BOUND_S)
+        assert await other.wait(BOUND_S)
+        watch.close()
+        other.close()
+        for _ in range(100):  # the unsubscribe runs in the background
+            if (await client.pubsub_numsub(channel_name(b"lease:{k}")))[0][1] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (await client.pubsub_numsub(channel_name(b"lease:{k}")))[0][1] == 0
+    finally:
+        await listener.aclose()
+
+
+async def test_other_keys_do_not_wake_a_waiter(client: redis.asyncio.Redis) -> None:
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    try:
+        watch = await listener.watch("a", b"lease:{a}")
+        await listener.watch("b", b"lease:{b}")
+        await client.publish(channel_name(b"lease:{b}"), b"")
+        assert not await watch.wait(0.2)
+    finally:
+        await listener.aclose()
+
+
+async def test_a_dropped_connection_wakes_waiters_and_watching_resumes(
+    client: redis.asyncio.Redis,
+) -> None:
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    try:
+        watch = await listener.watch("k", b"lease:{k}")
+        await listener.break_connection()
+        assert await watch.wait(BOUND_S)  # it may have missed a message: look again
+        again = await listener.watch("k", b"lease:{k}")
+        for _ in range(100):
+            if await client.publish(channel_name(b"lease:{k}"), b"") >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert await again.wait(BOUND_S)
+    finally:
+        await listener.aclose()
+
+
+async def test_closing_wakes_every_waiter(client: redis.asyncio.Redis) -> None:
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    watch = await listener.watch("k", b"lease:{k}")
+    await listener.aclose()
+    assert await watch.wait(0)
