@@ -10,14 +10,19 @@ nox.options.error_on_missing_interpreters = False
 nox.options.sessions = ["lint", "types", "tests", "docs"]
 
 PYTHON = "3"  # whichever python3 runs nox; CI pins nothing more
-# Every backend's driver, so the suite runs against each and mypy sees their types.
-TEST_EXTRAS = "test,redis,postgres,etcd"
+# leasekit's own test needs and every backend's driver, so the suite runs against each and
+# mypy sees their types.
+TEST_EXTRAS = "self-test,redis,postgres,etcd,mysql"
 
 
 def install_and_run(session: nox.Session, extras: str, *command: str) -> None:
-    """Install leasekit with ``extras`` (editable) into the session, then run ``command``."""
+    """Install leasekit with ``extras`` (editable) into the session, then run ``command``.
+
+    ``nox -s lint types tests docs -- ARGS`` gives every session the same ARGS, so a
+    session passes ``session.posargs`` on only where they mean something (pytest).
+    """
     session.install("-e", f".[{extras}]" if extras else ".")
-    session.run(*command, *session.posargs)
+    session.run(*command)
 
 
 @nox.session(python=PYTHON, tags=["memory"])
@@ -25,7 +30,7 @@ def tests(session: nox.Session) -> None:
     """The test suite: core units, the conformance suite on every available backend."""
     # hatchling builds the example third-party backend offline, as a user's pip would.
     session.install("hatchling")
-    install_and_run(session, TEST_EXTRAS, "pytest")
+    install_and_run(session, TEST_EXTRAS, "pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -58,4 +63,6 @@ def bench(session: nox.Session) -> None:
     a first argument with ``://`` (``redis://host:port``) benchmarks that server instead.
     """
     # The test extra: tests/servers.py, which starts the redis-server, imports pytest.
-    install_and_run(session, "redis,bench,test", "python", "benchmarks/redis_bench.py")
+    install_and_run(
+        session, "redis,bench,test", "python", "benchmarks/redis_bench.py", *session.posargs
+    )

@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__, available_backends, connect
 from ._capabilities import capabilities_of
 from ._demo import DemoConfig, DemoReport, Holding, Views, run_demo
-from ._errors import InvalidLeaseArgument, LeaseError
+from ._errors import InvalidLeaseArgument, LeaseBackendTimeout, LeaseError
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -133,9 +133,19 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
+        # argparse shows a REMAINDER as required; the pytest arguments are optional.
+        usage="leasekit check [-h] [--timeout-s S] URL [PYTEST_ARGS ...]",
         help="run the conformance suite against a live store",
         description="Run the leasekit conformance suite against URL (needs "
-        "pip install 'leasekit[test]'). Extra arguments go to pytest.",
+        "pip install 'leasekit[test]'), once one call to the store has answered. "
+        "Arguments after URL go to pytest.",
+    )
+    check.add_argument(
+        "--timeout-s",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="how long the store may take to answer the first call (default 5)",
     )
     check.add_argument("url", metavar="URL")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
@@ -174,32 +184,53 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _render(views: Views, elapsed_s: float, killed: str | None) -> Any:
-    from rich.table import Table  # noqa: PLC0415 (rich is loaded only when drawing)
+    from rich.markup import escape  # noqa: PLC0415 (rich is loaded only when drawing)
+    from rich.table import Table  # noqa: PLC0415
 
     table = Table(title=f"leasekit demo  {elapsed_s:4.1f} s", title_justify="left", min_width=64)
     table.add_column("thread key")
     table.add_column("owner")
+    # Keys and owners are user data: "[x]" in one must print as itself, not as markup.
     for key, owner in views.items():
         if owner is None:
-            table.add_row(key, "[dim]free[/dim]")
+            table.add_row(escape(key), "[dim]free[/dim]")
         elif owner == killed:
-            table.add_row(key, f"[red]{owner} (killed, expiring)[/red]")
+            table.add_row(escape(key), f"[red]{escape(owner)} (killed, expiring)[/red]")
         else:
-            table.add_row(key, f"[green]{owner}[/green]")
+            table.add_row(escape(key), f"[green]{escape(owner)}[/green]")
     if killed is not None:
-        table.caption = f"killed {killed} while it held a lease"
+        table.caption = escape(f"killed {killed} while it held a lease")
     return table
 
 
-def _print_report(report: DemoReport) -> None:
+_SHOWN_VIOLATIONS = 10
+
+
+def _print_report(report: DemoReport, ttl_ms: int) -> None:
+    calls = report.calls
     print()
-    print(f"operations   {report.operations}")
-    print(f"acquired     {report.acquired}")
+    # A killed worker never writes its totals: its calls are not in these counts.
+    survivors = "the workers" if report.killed is None else "the workers that were not killed"
+    print(f"operations   {report.operations}   calls to the store by {survivors}:")
+    print(
+        f"               {calls.get('acquire_lease', 0)} acquires ({report.denials} denied: "
+        "the key, or the place next in line for it, was held by another worker)"
+    )
+    print(f"               {report.renewals} renewals while working on a key")
+    print(
+        f"               {report.lookups} lookups (get_lease_owner: who owns a key, "
+        "who is next in line)"
+    )
+    print(
+        f"               {calls.get('transfer_lease', 0)} transfers, "
+        f"{calls.get('release_lease', 0)} releases (of keys and of places in line)"
+    )
+    print(f"acquired     {report.acquired}   (keys won by an acquire; the rest were handed over)")
     print(f"routed       {report.routed}   (work sent to the current owner)")
     print(f"handoffs     {report.handoffs}   (transfers to a queued successor, never free)")
     print(f"takeovers    {report.takeovers}   (a killed owner's key taken after its TTL)")
-    print(f"releases     {report.releases}")
-    print(f"killed       {report.killed or 'nobody (no holder found in time)'}")
+    print(f"releases     {report.releases}   (keys let go with nobody next in line)")
+    print(f"killed       {_describe_kill(report, ttl_ms)}")
     print(f"holdings     {len(report.holdings)}   (ownership intervals checked)")
     if report.exclusive:
         print("verdict      OK: zero overlapping ownerships")
@@ -209,8 +240,23 @@ def _print_report(report: DemoReport) -> None:
         f"{len(report.token_disorder)} fencing-token inversions"
     )
     origin = min(h.start_s for h in report.holdings)
-    for first, second in (report.overlaps + report.token_disorder)[:10]:
+    violations = report.overlaps + report.token_disorder
+    for first, second in violations[:_SHOWN_VIOLATIONS]:
         print("  " + "  overlaps  ".join(_describe(h, origin) for h in (first, second)))
+    if len(violations) > _SHOWN_VIOLATIONS:
+        print(f"  and {len(violations) - _SHOWN_VIOLATIONS} more")
+
+
+def _describe_kill(report: DemoReport, ttl_ms: int) -> str:
+    if report.killed is None:
+        return "nobody (no holder found in time)"
+    held = f"{report.killed} while it held {report.killed_key}"
+    if report.takeover_s is None:
+        return f"{held}; nobody took {report.killed_key} over before the run ended"
+    return (
+        f"{held}; {report.taken_over_by} took it over {report.takeover_s:.2f} s later "
+        f"(its TTL of {ttl_ms} ms ran out, then the next acquire won)"
+    )
 
 
 def _describe(holding: Holding, origin_s: float) -> str:
@@ -255,7 +301,7 @@ async def _demo(args: argparse.Namespace) -> int:
                         live.update(_render(views, elapsed_s, killed), refresh=True)
 
                     report = await run_demo(provider, config, on_tick=tick)
-    _print_report(report)
+    _print_report(report, args.ttl_ms)
     return EXIT_OK if report.exclusive else EXIT_NO
 
 
@@ -321,6 +367,9 @@ async def _inspect(args: argparse.Namespace) -> int:
         records = await lister(args.prefix, limit=args.limit)
     if args.json:
         print(json.dumps([asdict(r) for r in records]))
+    elif not records:
+        under = f" under the prefix {args.prefix!r}" if args.prefix else ""
+        print(f"no live leases{under}")
     else:
         for r in records:
             print(f"{r.key}\t{r.owner}\ttoken={r.token}\tremaining_ms={r.remaining_ms}")
@@ -347,6 +396,7 @@ def _backends(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(info) for info in infos]))
         return EXIT_OK
     from rich.console import Console  # noqa: PLC0415
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     table = Table()
@@ -357,11 +407,36 @@ def _backends(args: argparse.Namespace) -> int:
         flags = ""
         if caps is not None:
             names = [k for k, v in asdict(caps).items() if v is True]
-            flags = f"{', '.join(names)}; TTL step {caps.ttl_resolution_ms} ms"
+            flags = f"{', '.join(names) or 'none'}; TTL step {caps.ttl_resolution_ms} ms"
         loads = "yes" if info.loadable else f"no: {info.error}"
-        table.add_row(info.scheme, info.distribution or "(registered)", loads, flags)
+        # Every cell is plain text: rich would read "leasekit[redis]" in a pip hint as
+        # markup and print "leasekit".
+        cells = (info.scheme, info.distribution or "(registered)", loads, flags)
+        table.add_row(*(escape(cell) for cell in cells))
     Console(width=max(Console().width, 120)).print(table)
     return EXIT_OK
+
+
+async def _probe(url: str, timeout_s: float) -> None:
+    """Open ``url`` and make one call, all within ``timeout_s``.
+
+    A store that is down then fails ``check`` with one line, instead of every test of
+    the suite failing with its own traceback after its own timeout.
+    """
+
+    async def one_call() -> None:
+        async with connect(url) as provider:
+            await provider.get_lease_owner("leasekit-check/probe")
+
+    try:
+        await asyncio.wait_for(one_call(), timeout_s)
+    except asyncio.TimeoutError:
+        # The URL may carry a password: name the scheme only.
+        scheme = url.split(":", 1)[0]
+        raise LeaseBackendTimeout(
+            f"the store gave no answer within {timeout_s:g} s; the conformance suite did not run",
+            backend=scheme,
+        ) from None
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -373,6 +448,7 @@ def _check(args: argparse.Namespace) -> int:
             f"leasekit check needs the test extra ({exc.name} is missing): "
             "pip install 'leasekit[test]'"
         ) from exc
+    asyncio.run(_probe(args.url, args.timeout_s))
     command = [
         sys.executable,
         "-m",

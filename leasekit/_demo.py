@@ -41,6 +41,8 @@ from ._contract import LeaseProvider
 __all__ = ["DemoConfig", "DemoReport", "Holding", "find_overlaps", "judge", "run_demo"]
 
 _SUCCESSOR_PATIENCE_MS = 1000  # how long a queued successor waits for a handoff
+_START_FILE = "start"  # in the log directory: the run's deadline, once every worker is ready
+_READY_PATIENCE_S = 120.0  # how long workers may take to start and connect
 
 
 def _successor_slot(key: str) -> str:
@@ -59,7 +61,9 @@ class DemoConfig:
     seconds: float = 10.0
     ttl_ms: int = 600
     log_dir: str = ""
-    deadline: float = 0.0  # time.monotonic(), shared by every process on the host
+    # time.monotonic(), one clock for every process on the host. Set by the driver once
+    # every worker is connected; workers learn it from the start file (_START_FILE).
+    deadline: float = 0.0
 
     @property
     def key_names(self) -> list[str]:
@@ -89,7 +93,15 @@ class DemoReport:
     handoffs: int = 0
     takeovers: int = 0
     releases: int = 0
+    renewals: int = 0
+    lookups: int = 0  # get_lease_owner: who owns a key, who is next in line for it
+    denials: int = 0  # acquires refused because another owner held the key or the queue slot
+    calls: dict[str, int] = field(default_factory=dict)  # per contract method
     killed: str | None = None
+    killed_key: str | None = None
+    killed_at_s: float | None = None  # time.monotonic() of the kill
+    taken_over_by: str | None = None
+    takeover_s: float | None = None  # from the kill to the next owner's grant on killed_key
     holdings: list[Holding] = field(default_factory=list)
     overlaps: list[tuple[Holding, Holding]] = field(default_factory=list)
     token_disorder: list[tuple[Holding, Holding]] = field(default_factory=list)
@@ -130,10 +142,18 @@ class _Worker:
 
     async def op(self, name: str, *args: Any) -> Any:
         self.log.counts["operations"] += 1
-        return await getattr(self.provider, name)(*args)
+        self.log.counts[f"call:{name}"] += 1
+        result = await getattr(self.provider, name)(*args)
+        if name == "acquire_lease" and not result.acquired:
+            self.log.counts["denials"] += 1
+        return result
 
     async def run(self) -> None:
         try:
+            # The run starts when every worker is connected, so a slow start (spawning
+            # interpreters on a loaded machine) never eats into the contention.
+            deadline = await _wait_for_start(Path(self.config.log_dir))
+            self.config = dataclasses.replace(self.config, deadline=deadline)
             while time.monotonic() < self.config.deadline:
                 key = self.rng.choice(self.config.key_names)
                 asked = time.monotonic()
@@ -198,6 +218,35 @@ class _Worker:
         await self.op("release_lease", slot, self.owner)
 
 
+async def _wait_for_start(log_dir: Path) -> float:
+    """The run's deadline, once the driver has written it into the start file."""
+    path = log_dir / _START_FILE
+    while not path.exists():  # noqa: ASYNC110 (another process writes it: no event to await)
+        await asyncio.sleep(0.01)
+    return float(path.read_text(encoding="utf-8"))
+
+
+def _announce_start(log_dir: Path, deadline: float) -> None:
+    """Write the start file in one step (a rename), so no worker reads half of it."""
+    partial = log_dir / (_START_FILE + ".partial")
+    partial.write_text(repr(deadline), encoding="utf-8")
+    partial.replace(log_dir / _START_FILE)
+
+
+async def _wait_until_ready(log_dir: Path, runners: dict[str, Any]) -> None:
+    """Return once every worker has connected (its log file exists)."""
+    give_up = time.monotonic() + _READY_PATIENCE_S
+    while not all((log_dir / f"{owner}.jsonl").exists() for owner in runners):
+        for owner, runner in runners.items():
+            if isinstance(runner, asyncio.Task) and runner.done():
+                runner.result()  # a worker that failed to start raises its error here
+            elif not isinstance(runner, asyncio.Task) and runner.exitcode is not None:
+                raise RuntimeError(f"demo worker {owner} exited with {runner.exitcode}")
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"demo workers did not start within {_READY_PATIENCE_S:g} s")
+        await asyncio.sleep(0.02)
+
+
 def _worker_process(config: DemoConfig, owner: str) -> None:
     """Entry point of a spawned worker: its own event loop and its own connection."""
     from . import connect  # noqa: PLC0415 (spawned children import the package fresh)
@@ -229,12 +278,16 @@ async def run_demo(
     """
     in_processes = capabilities_of(provider).shared_across_processes
     with tempfile.TemporaryDirectory(prefix="leasekit-demo-") as log_dir:
-        start = time.monotonic()
-        config = dataclasses.replace(config, log_dir=log_dir, deadline=start + config.seconds)
+        config = dataclasses.replace(config, log_dir=log_dir)
         owners = [f"worker-{i}-{uuid.uuid4().hex[:6]}" for i in range(config.workers)]
         runners = _start_workers(provider, config, owners, in_processes=in_processes)
         try:
-            killed = await _watch(provider, config, runners, start, on_tick)
+            await _wait_until_ready(Path(log_dir), runners)
+            start = time.monotonic()
+            config = dataclasses.replace(config, deadline=start + config.seconds)
+            _announce_start(Path(log_dir), config.deadline)
+            kill = await _watch(provider, config, runners, start, on_tick)
+            killed = kill.owner if kill is not None else None
             await _join(runners, config, killed)
         finally:
             for runner in runners.values():
@@ -243,8 +296,32 @@ async def run_demo(
                 elif runner.is_alive():
                     runner.kill()
         report = judge(Path(log_dir), config.ttl_ms / 1000)
-        report.killed = killed
+        if kill is not None:
+            _describe_takeover(report, kill)
         return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Kill:
+    owner: str
+    key: str
+    at_s: float  # time.monotonic(): one clock for every process on the host
+
+
+def _describe_takeover(report: DemoReport, kill: _Kill) -> None:
+    """Record who was killed holding which key, and who took that key over how soon."""
+    report.killed, report.killed_key, report.killed_at_s = kill.owner, kill.key, kill.at_s
+    successors = sorted(
+        (
+            h
+            for h in report.holdings
+            if h.key == kill.key and h.owner != kill.owner and h.start_s >= kill.at_s
+        ),
+        key=lambda h: h.start_s,
+    )
+    if successors:
+        report.taken_over_by = successors[0].owner
+        report.takeover_s = successors[0].start_s - kill.at_s
 
 
 def _start_workers(
@@ -269,18 +346,18 @@ async def _watch(
     runners: dict[str, Any],
     start: float,
     on_tick: Callable[[Views, float, str | None], None] | None,
-) -> str | None:
+) -> _Kill | None:
     """Show owners until the deadline; a third of the way in, kill a holder."""
-    killed: str | None = None
+    kill: _Kill | None = None
     kill_at = start + config.seconds / 3
     while time.monotonic() < config.deadline:
         await asyncio.sleep(0.25)
         views = {key: await provider.get_lease_owner(key) for key in config.key_names}
-        if killed is None and time.monotonic() >= kill_at:
-            killed = _kill_a_holder(views, runners)
+        if kill is None and time.monotonic() >= kill_at:
+            kill = _kill_a_holder(views, runners)
         if on_tick is not None:
-            on_tick(views, time.monotonic() - start, killed)
-    return killed
+            on_tick(views, time.monotonic() - start, kill.owner if kill is not None else None)
+    return kill
 
 
 async def _join(runners: dict[str, Any], config: DemoConfig, killed: str | None) -> None:
@@ -295,17 +372,17 @@ async def _join(runners: dict[str, Any], config: DemoConfig, killed: str | None)
                 runner.kill()
 
 
-def _kill_a_holder(views: Views, runners: dict[str, Any]) -> str | None:
+def _kill_a_holder(views: Views, runners: dict[str, Any]) -> _Kill | None:
     """Kill one worker that holds a key right now, the way a crash or OOM kill would."""
-    for owner in views.values():
+    for key, owner in views.items():
         runner = runners.get(owner) if owner is not None else None
-        if runner is None:
+        if owner is None or runner is None:
             continue
         if isinstance(runner, asyncio.Task):
             runner.cancel()  # no finally-release in the worker: the lease is abandoned
         else:
             os.kill(runner.pid, signal.SIGKILL)
-        return owner
+        return _Kill(owner, key, time.monotonic())
     return None
 
 
@@ -339,6 +416,13 @@ def judge(log_dir: Path, ttl_s: float) -> DemoReport:
             report.routed += event.get("routed", 0)
             report.handoffs += event.get("handoffs", 0)
             report.releases += event.get("releases", 0)
+            report.denials += event.get("denials", 0)
+            for name, count in event.items():
+                if name.startswith("call:"):
+                    method = name.removeprefix("call:")
+                    report.calls[method] = report.calls.get(method, 0) + count
+    report.renewals = report.calls.get("renew_lease", 0)
+    report.lookups = report.calls.get("get_lease_owner", 0)
     # No "end": the worker died holding it, believing in it until the lease ran out.
     for hold in open_holds.values():
         report.holdings.append(_holding(hold, hold["last_grant"] + ttl_s, "killed"))

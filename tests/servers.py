@@ -1,6 +1,6 @@
 """Real servers for the test suite: our own processes, on free loopback ports, in temp dirs.
 
-Every backend's tests run against a real server, never a mock (DESIGN.md §8).
+Every backend's tests run against a real server, never a mock (docs/testing.md).
 :class:`ServerProcess` is the common shape: start one server process in its own
 process group, wait until it answers, and tear the whole group down at the end. It
 also injects faults for reliability tests: :meth:`~ServerProcess.pause` (SIGSTOP),
@@ -38,6 +38,7 @@ import pytest
 
 __all__ = [
     "REQUIRE_SERVERS_ENV",
+    "MariaDBServer",
     "PostgresServer",
     "RedisClusterServer",
     "RedisServer",
@@ -46,6 +47,7 @@ __all__ = [
     "ServerStartError",
     "find_binary",
     "free_port",
+    "mariadb_ready",
     "missing_extra",
     "missing_server",
     "pg_ready",
@@ -58,7 +60,7 @@ REQUIRE_SERVERS_ENV = "LEASEKIT_REQUIRE_SERVERS"
 LOOPBACK = "127.0.0.1"
 
 # Ports a developer's own servers listen on; never ours, even if the kernel offers one.
-_WELL_KNOWN_PORTS = frozenset({2379, 2380, 5432, 6379, 6380, 16379})
+_WELL_KNOWN_PORTS = frozenset({2379, 2380, 3306, 5432, 6379, 6380, 16379})
 
 _Server = TypeVar("_Server", bound="ServerProcess")
 
@@ -600,25 +602,27 @@ def pg_ready(host: str, port: int, user: str, *, timeout_s: float = 1.0) -> bool
         return False
 
 
-def _unprivileged_account() -> tuple[int, int] | None:
-    """``(uid, gid)`` to run PostgreSQL as when we are root (it refuses to run as root).
+def _unprivileged_account(
+    names: Sequence[str] = ("postgres", "nobody"), server: str = "PostgreSQL"
+) -> tuple[int, int] | None:
+    """``(uid, gid)`` to run a server as when we are root (PostgreSQL refuses root).
 
-    The ``postgres`` account that Debian's packages create, else ``nobody``; ``None``
-    when we are not root and need not switch.
+    The first of ``names`` that exists (the account Debian's packages create, else
+    ``nobody``); ``None`` when we are not root and need not switch.
     """
     if os.geteuid() != 0:
         return None
     import pwd  # noqa: PLC0415 (POSIX only, and only needed as root)
 
-    for name in ("postgres", "nobody"):
+    for name in names:
         try:
             entry = pwd.getpwnam(name)
         except KeyError:
             continue
         return entry.pw_uid, entry.pw_gid
     raise ServerStartError(
-        "running as root, and neither a 'postgres' nor a 'nobody' account exists to run "
-        "PostgreSQL as (it refuses to run as root); create one, e.g. useradd postgres"
+        f"running as root, and none of the accounts {', '.join(names)} exists to run "
+        f"{server} as; create one, e.g. useradd {names[0]}"
     )
 
 
@@ -1029,3 +1033,143 @@ class EtcdCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+# -- MariaDB ----------------------------------------------------------------------------
+
+
+def mariadb_ready(host: str, port: int, *, timeout_s: float = 1.0) -> bool:
+    """Whether a MySQL or MariaDB server greets a client on ``host:port``.
+
+    Reads just the server's first packet: protocol version 10 is the handshake it sends
+    once it accepts connections (it opens the port after InnoDB has started); an error
+    packet (0xFF, such as "too many connections") or nothing means not ready. The
+    harness never needs the driver under test.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            header = sock.recv(4)
+            first = sock.recv(1)
+    except OSError:
+        return False
+    return len(header) == 4 and first == b"\x0a"
+
+
+class MariaDBServer(ServerProcess):
+    """``mariadbd`` with a fresh data directory of its own on a loopback port.
+
+    ``mariadb-install-db --no-defaults`` creates the data directory (no test database,
+    ``root`` without a password, for 127.0.0.1 only since the server listens nowhere
+    else); the server reads no option file either. Commits reach the OS at once but
+    are not fsynced (``innodb_flush_log_at_trx_commit=2``): a killed server keeps
+    everything it reported committed, which the restart tests rely on.
+
+    Run as root, both run as the ``mysql`` account Debian creates (or ``nobody``) in a
+    fresh temp dir owned by it; the log stays in ``workdir``. The data directory
+    survives :meth:`restart` and is removed by :meth:`stop`.
+    """
+
+    name = "mariadbd"
+    install_hint = "apt-get install mariadb-server"
+    start_timeout_s = 30.0
+    user = "root"
+
+    def __init__(self, binary: str, workdir: Path, *, port: int | None = None) -> None:
+        self.install_db_binary = MariaDBServer.find_install_db() or "mariadb-install-db"
+        self.account = _unprivileged_account(("mysql", "nobody"), "MariaDB")
+        self.data_dir: Path | None = None
+        super().__init__(binary, workdir, port=port)
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        if self.account is None:
+            return {}
+        uid, gid = self.account
+        return {"user": uid, "group": gid, "extra_groups": []}
+
+    def _install_db(self) -> Path:
+        data_dir = Path(tempfile.mkdtemp(prefix="leasekit-mariadb-"))  # mode 0700
+        if self.account is not None:
+            os.chown(data_dir, *self.account)
+        self.data_dir = data_dir
+        with self.log_path.open("ab") as log:
+            done = subprocess.run(
+                [
+                    self.install_db_binary,
+                    "--no-defaults",
+                    f"--datadir={data_dir / 'data'}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                    "--skip-name-resolve",
+                    # Passed on to the bootstrapping server: a throwaway directory
+                    # needs no fsync, and a small buffer pool starts faster.
+                    "--innodb-flush-log-at-trx-commit=0",
+                    "--innodb-flush-method=nosync",
+                    "--innodb-buffer-pool-size=64M",
+                ],
+                cwd=data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+                **self.popen_kwargs(),
+            )
+        if done.returncode != 0:
+            raise ServerStartError(
+                f"mariadb-install-db exited with code {done.returncode}\n{self.log_tail()}"
+            )
+        return data_dir
+
+    def start(self) -> None:
+        fresh = self.data_dir is None
+        try:
+            if fresh:
+                self._install_db()
+            super().start()
+        except BaseException:
+            if fresh:  # leave no data dir behind (a restart keeps its data for a retry)
+                self.stop()
+            raise
+
+    def argv(self) -> list[str]:
+        assert self.data_dir is not None
+        return [
+            self.binary,
+            "--no-defaults",  # must come first: no /etc/mysql option file applies
+            f"--datadir={self.data_dir / 'data'}",
+            f"--socket={self.data_dir / 'mariadbd.sock'}",
+            f"--pid-file={self.data_dir / 'mariadbd.pid'}",
+            f"--bind-address={self.host}",
+            f"--port={self.port}",
+            "--skip-name-resolve",
+            "--skip-log-bin",
+            "--innodb-flush-log-at-trx-commit=2",
+            "--innodb-buffer-pool-size=64M",
+            "--innodb-log-file-size=32M",
+            "--max-connections=300",
+            "--character-set-server=utf8mb4",
+        ]
+
+    def probe(self) -> bool:
+        return mariadb_ready(self.host, self.port)
+
+    def stop(self) -> None:
+        super().stop()  # SIGTERM: mariadbd shuts down cleanly, ending every session
+        data_dir, self.data_dir = self.data_dir, None
+        if data_dir is not None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"mysql://{self.user}@{self.host}:{self.port}/mysql"
+
+    @classmethod
+    def find(cls) -> str | None:
+        """The ``mariadbd`` binary (Debian's ``mariadb-server``), with its install tool."""
+        found = find_binary("mariadbd") or find_binary("mysqld")
+        if found is None or cls.find_install_db() is None:
+            return None
+        return found
+
+    @staticmethod
+    def find_install_db() -> str | None:
+        return find_binary("mariadb-install-db") or find_binary("mysql_install_db")

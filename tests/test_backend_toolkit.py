@@ -332,7 +332,7 @@ class Gate:
 
 class GateProvider(BackendProvider):
     backend: ClassVar[str] = "gate"
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
     errors: ClassVar[ErrorMap] = ErrorMap({DriverRefused: LeaseBackendUnreachable}, backend="gate")
 
     def __init__(self, gate: Gate, *, timeout_s: float = 5.0, owns_client: bool = True) -> None:

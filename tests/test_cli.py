@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from leasekit._demo import Holding, find_overlaps
+from leasekit._demo import DemoReport, Holding, find_overlaps
 
 
 def leasekit(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -31,7 +35,22 @@ def test_demo_default_runs_processes_on_sqlite_and_reports_no_overlap() -> None:
     assert "(processes)" in run.stdout
     assert "sqlite:///" in run.stdout
     assert "verdict      OK: zero overlapping ownerships" in run.stdout
-    assert "killed       worker-" in run.stdout  # a holder was killed mid-lease
+    # A holder was killed mid-lease; the report names its key and the takeover.
+    killed = next(line for line in run.stdout.splitlines() if line.startswith("killed "))
+    assert re.fullmatch(
+        r"killed +worker-\S+ while it held thread-\d; "
+        r"(worker-\S+ took it over \d+\.\d\d s later \(its TTL of 400 ms ran out.*"
+        r"|nobody took thread-\d over before the run ended)",
+        killed,
+    ), killed
+    # The operation count is explained call by call.
+    assert re.search(
+        r"^operations +\d+ +calls to the store by the workers that were not killed:$",
+        run.stdout,
+        re.MULTILINE,
+    )
+    for part in ("acquires (", "denied", "renewals", "lookups (get_lease_owner", "transfers"):
+        assert part in run.stdout
     assert "thread-0" in run.stdout  # the live view showed owners per key
 
 
@@ -48,6 +67,21 @@ def test_demo_verdict_catches_a_provider_without_exclusion() -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     assert "VIOLATED" in run.stdout
     assert "overlaps" in run.stdout
+
+
+def test_demo_verdict_lists_ten_violations_then_counts_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leasekit._cli import _print_report  # noqa: PLC0415 (the verdict, without a run)
+
+    holdings = [_h(f"w{i}", 0, 1) for i in range(13)]  # 13 owners at once
+    overlaps, _ = find_overlaps(holdings)
+    report = DemoReport(holdings=holdings, overlaps=overlaps)
+    _print_report(report, ttl_ms=600)
+    out = capsys.readouterr().out
+    assert f"VIOLATED: {len(overlaps)} overlapping ownerships" in out
+    assert out.count("  overlaps  ") == 10
+    assert out.rstrip().endswith(f"  and {len(overlaps) - 10} more")
 
 
 def test_demo_rejects_nonpositive_numbers() -> None:
@@ -101,6 +135,15 @@ def test_inspect_lists_live_leases(url: str) -> None:
     records = json.loads(run.stdout)
     assert [(r["key"], r["owner"]) for r in records] == [("jobs/1", "a"), ("jobs/2", "b")]
     assert all(0 < r["remaining_ms"] <= 60000 for r in records)
+
+
+def test_inspect_of_an_empty_store_says_so(url: str) -> None:
+    run = leasekit("inspect", url)
+    assert (run.returncode, run.stdout.strip()) == (0, "no live leases"), run.stderr
+    leasekit("acquire", url, "other", "c", "--ttl-ms", "60000")
+    run = leasekit("inspect", url, "--prefix", "jobs/")
+    assert run.stdout.strip() == "no live leases under the prefix 'jobs/'"
+    assert json.loads(leasekit("inspect", url, "--prefix", "jobs/", "--json").stdout) == []
 
 
 def test_inspect_on_a_backend_that_cannot_list_is_a_usage_error() -> None:
@@ -159,6 +202,39 @@ def test_backends_lists_schemes_with_capabilities() -> None:
     assert "yes" in table.stdout
 
 
+def test_backends_table_prints_the_install_hint_of_a_missing_extra_verbatim() -> None:
+    # The redis driver made unimportable, as on a machine without the extra: the hint
+    # must keep its "[redis]", which rich would otherwise read as markup and drop.
+    hide_redis = (
+        "import sys; sys.modules['redis'] = None; "
+        "from leasekit._cli import main; sys.exit(main(['backends']))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide_redis],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "COLUMNS": "400"},  # one table row per line
+    )
+    assert run.returncode == 0, run.stderr
+    redis_rows = [line for line in run.stdout.splitlines() if line.split()[1:2] == ["redis"]]
+    assert len(redis_rows) == 1, run.stdout
+    assert "pip install 'leasekit[redis]'" in redis_rows[0]
+
+
+def test_demo_live_view_prints_keys_and_owners_verbatim() -> None:
+    from leasekit._cli import _render  # noqa: PLC0415 (the live view, drawn off-screen)
+
+    rich_console = pytest.importorskip("rich.console")
+    console = rich_console.Console(width=120, record=True, file=io.StringIO())
+    console.print(_render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
+    text = console.export_text()
+    assert "[bold]k" in text
+    assert "[red]w (killed, expiring)" in text
+    assert "killed [red]w while it held a lease" in text
+
+
 # -- the verdict's checker ---------------------------------------------------------------
 
 
@@ -193,7 +269,49 @@ def test_check_runs_the_conformance_suite_and_leaves_nothing_behind(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_of_an_unknown_scheme_fails() -> None:
+def test_check_of_an_unknown_scheme_fails_like_every_command() -> None:
     run = leasekit("check", "nosuchscheme://x")
-    assert run.returncode != 0
-    assert "nosuchscheme" in run.stdout + run.stderr
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        line for line in run.stderr.strip().splitlines() if line.startswith("leasekit: error: ")
+    ]
+    assert "no leasekit backend for scheme 'nosuchscheme'" in run.stderr
+
+
+def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
+    pytest.importorskip("redis")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    # Nothing listens on the port now: every connection is refused.
+    run = leasekit("check", f"redis://127.0.0.1:{port}")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("leasekit: error: redis: ")
+
+
+def test_check_of_a_store_that_never_answers_fails_in_one_line_within_the_timeout() -> None:
+    pytest.importorskip("redis")
+    # A listener that accepts connections (the kernel completes the handshake) and
+    # never reads or answers: a stalled store.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        run = leasekit("check", "--timeout-s", "1", f"redis://127.0.0.1:{port}")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert lines == [
+        "leasekit: error: redis: the store gave no answer within 1 s; "
+        "the conformance suite did not run"
+    ], run.stderr
+
+
+def test_check_usage_shows_the_pytest_arguments_as_optional() -> None:
+    run = leasekit("check", "--help")
+    assert run.returncode == 0
+    assert "URL [PYTEST_ARGS ...]" in run.stdout

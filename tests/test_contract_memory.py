@@ -6,6 +6,7 @@ skip here; ``test_contract_sqlite.py`` runs them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import subprocess
@@ -14,6 +15,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from leasekit_contract import LeaseProviderContract
@@ -66,6 +68,7 @@ def suite_size() -> int:
     return size
 
 
+@pytest.mark.slow  # the whole suite, in a child pytest
 def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     # A project of its own, whose tests and conftests the plugin must keep out of the
     # run (either conftest fails the run if loaded); its settings still apply.
@@ -118,3 +121,55 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     classes = {case.get("classname", "") for case in suite.iter("testcase")}
     assert len(classes) == 1, classes
     assert classes.pop().endswith("TestLeaseProviderAtURL"), output
+
+
+# -- the suite on a store that stalls: a slow machine must not fail a correct backend -----
+
+
+class StallingProvider:
+    """A correct provider (``memory://``) whose every call first stalls for ``stall_s``:
+    longer than the suite's short TTL, as on a loaded machine or a store paused by GC."""
+
+    def __init__(self, inner: leasekit.MemoryLeaseProvider, stall_s: float) -> None:
+        self.inner = inner
+        self.stall_s = stall_s
+        self.capabilities = inner.capabilities
+
+    async def _stalled(self, name: str, *args: object) -> Any:
+        await asyncio.sleep(self.stall_s)
+        return await getattr(self.inner, name)(*args)
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> leasekit.LeaseResult:
+        return await self._stalled("acquire_lease", key, owner, ttl_ms)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        return await self._stalled("get_lease_owner", key)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self._stalled("release_lease", key, owner)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return await self._stalled("renew_lease", key, owner, ttl_ms)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return await self._stalled("transfer_lease", key, from_owner, to_owner, ttl_ms)
+
+
+NEEDS_THE_SHORT_LEASE_LIVE = [
+    "test_denied_acquire_leaves_holders_ttl_alone",
+    "test_renew_by_holder_resets_ttl_to_the_new_value",
+    "test_renew_by_non_owner_returns_false_and_changes_nothing",
+    "test_transfer_by_holder_sets_fresh_ttl_for_new_owner",
+    "test_transfer_to_same_owner_behaves_like_renew",
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("check", NEEDS_THE_SHORT_LEASE_LIVE)
+async def test_checks_that_need_a_short_lease_live_pass_on_a_stalling_store(check: str) -> None:
+    # Every call stalls 150 ms, more than the 100 ms short TTL: the first try cannot
+    # tell, the next one (a 400 ms TTL) can, and the check passes instead of failing.
+    async with leasekit.connect(f"memory://stall-{uuid.uuid4().hex}") as memory:
+        assert isinstance(memory, leasekit.MemoryLeaseProvider)
+        stalling = StallingProvider(memory, stall_s=0.15)
+        await getattr(LeaseProviderContract(), check)(stalling)

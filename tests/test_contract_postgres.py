@@ -10,7 +10,7 @@ tables live in a schema of the run's own, dropped at the end.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from servers import missing_extra
@@ -42,6 +42,13 @@ class TestPostgresContract(LeaseProviderContract):
     ) -> Callable[[], leasekit.ManagedLeaseProvider]:
         return functools.partial(leasekit.connect, postgres_url, table=postgres_table)
 
+    @pytest.fixture
+    def break_notifications(self) -> Callable[[PostgresLeaseProvider], Awaitable[None]]:
+        async def cut(provider: PostgresLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut
+
 
 class TestPostgresContractOnOneConnection(LeaseProviderContract):
     """The suite on a caller's single autocommit connection, shared by every task."""
@@ -65,3 +72,10 @@ class TestPostgresContractOnOneConnection(LeaseProviderContract):
         self, postgres_url: str, postgres_table: str
     ) -> Callable[[], leasekit.ManagedLeaseProvider]:
         return functools.partial(leasekit.connect, postgres_url, table=postgres_table)
+
+    @pytest.fixture
+    def break_notifications(self) -> Callable[[PostgresLeaseProvider], Awaitable[None]]:
+        async def cut(provider: PostgresLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut

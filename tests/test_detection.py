@@ -1,4 +1,7 @@
-"""Structural detection, the noop fallback, and capabilities as data (DESIGN.md §3)."""
+"""Structural detection, the noop fallback, and capabilities as data.
+
+The rules are in docs/contract.md and docs/capabilities.md.
+"""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def test_doc_python_block_compiles_and_complete_programs_run(code: str, tmp_path
 
 
 # Dotted names in the docs that are not attributes of the leasekit package.
-NOT_ATTRIBUTES = {"backends", "db"}  # the entry-point group, sqlite:///leasekit.db
+NOT_ATTRIBUTES = {"backends", "db", "postgres"}  # entry-point group, leasekit.db, a logger
 
 
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -160,3 +160,41 @@ def test_readme_links_point_at_files_that_exist() -> None:
     assert local
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_readme_lists_every_documentation_page() -> None:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Documentation", 1)[1]
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", section))
+    pages = {str(p.relative_to(ROOT)) for p in DOCS.rglob("*.md")} - {"docs/index.md"}
+    assert "docs/index.md" in linked
+    assert not pages - linked, f"the README's documentation list leaves out {pages - linked}"
+
+
+def test_the_project_cites_only_files_it_contains() -> None:
+    # The architecture is docs/architecture.md; a design note outside the repository
+    # is no reference for a reader of this one.
+    outside = "DESIGN" + ".md"
+    citing = [
+        str(path.relative_to(ROOT))
+        for top in (
+            "leasekit",
+            "backends",
+            "contract_tests",
+            "tests",
+            "docs",
+            "examples",
+            "benchmarks",
+            ".ci",
+        )
+        for path in (ROOT / top).rglob("*")
+        if path.is_file()
+        and path.suffix in {"", ".py", ".md", ".toml", ".yml"}
+        and outside in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    citing += [
+        name
+        for name in ("pyproject.toml", "README.md", "noxfile.py", "mkdocs.yml", "CHANGELOG.md")
+        if outside in (ROOT / name).read_text(encoding="utf-8")
+    ]
+    assert not citing, f"{outside} is not in the repository, yet cited by {citing}"

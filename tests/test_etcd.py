@@ -50,7 +50,13 @@ NEW_TTL_MS = LONG_MS + 5000
 
 
 class TestEtcdContract(LeaseProviderContract):
-    """The whole suite against the session's etcd (or $LEASEKIT_TEST_ETCD_URL)."""
+    """The whole suite against the session's etcd (or $LEASEKIT_TEST_ETCD_URL).
+
+    Slow as a whole: etcd's TTLs are whole seconds with a 2 s minimum, so each check
+    that waits out a lease waits seconds, and the class takes minutes.
+    """
+
+    pytestmark = pytest.mark.slow
 
     @pytest.fixture
     async def provider(self, etcd_url: str, etcd_prefix: str) -> AsyncIterator[Any]:

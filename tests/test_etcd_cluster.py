@@ -38,6 +38,7 @@ HELD_MS = 60_000  # long enough to outlive every fault below
 PATIENCE_S = TIMEOUT_S + 10
 
 
+@pytest.mark.slow  # whole-second TTLs on three members: minutes for the class
 class TestEtcdClusterContract(LeaseProviderContract):
     """The suite's table rows, fencing, races and model on three members.
 
@@ -209,6 +210,7 @@ async def test_a_frozen_member_is_skipped(
     await answered(lambda: rival.release_lease("k", "next"))
 
 
+@pytest.mark.slow  # waits out timeouts and a restart
 async def test_lost_quorum_is_typed_errors_and_a_restored_one_resumes(
     private_etcd_cluster: EtcdCluster,
     holder_and_rival: tuple[EtcdLeaseProvider, EtcdLeaseProvider],

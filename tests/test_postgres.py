@@ -12,12 +12,15 @@ Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import logging
 import os
+import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
@@ -272,16 +275,19 @@ async def test_a_sync_or_non_autocommit_client_is_refused_with_a_hint(postgres_u
     await conn_async.close()
 
 
-async def test_an_unreachable_server_fails_at_async_with_within_the_timeout() -> None:
+async def test_a_refused_connection_is_unreachable_at_once_not_at_the_timeout() -> None:
+    # Nothing listens: the refusal itself is the answer, long before timeout_s.
+    timeout_s = 30
     provider = PostgresLeaseProvider.from_url(
-        f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", timeout_s=1
+        f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", timeout_s=timeout_s
     )
     started = time.monotonic()
-    with pytest.raises(leasekit.LeaseBackendError, match="no connection") as info:
+    with pytest.raises(leasekit.LeaseBackendUnreachable, match="refused") as info:
         async with provider:
             pass
-    assert time.monotonic() - started < 1 + SLACK_S
+    assert time.monotonic() - started < timeout_s / 2
     assert info.value.backend == "postgresql"
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
     await provider.aclose()
 
 
@@ -421,6 +427,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # six CLI processes
 def test_leasekit_migrate_creates_the_schema_up_front(
     postgres_url: str, postgres_table: str, tmp_path: Path
 ) -> None:
@@ -648,11 +655,25 @@ async def test_racing_acquirers_get_one_winner_and_every_loser_names_it(
 # -- fencing tokens and the sweep ---------------------------------------------------------------
 
 
+def age_rows(postgres_url: str, table: str, keys: list[str], *, by_s: float) -> None:
+    """Move the expiry of ``keys``' rows ``by_s`` seconds into the server's past."""
+    with admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET expires_at = least(expires_at, clock_timestamp()) "
+                "- make_interval(secs => %s) WHERE key = ANY(%s)"
+            ).format(identifier(table)),
+            (by_s, [key.encode() for key in keys]),
+        )
+
+
 async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
     postgres_url: str, postgres_table: str
 ) -> None:
+    # Rows grow old on the server's clock, moved there by an UPDATE: no sleep, and no
+    # window a slow machine could miss (the grace period is a minute).
     async with PostgresLeaseProvider.from_url(
-        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=1.1, sweep_every=0,
+        postgres_url, table=postgres_table, timeout_s=1, sweep_grace_s=60, sweep_every=0,
         sweep_batch=7,
     ) as provider:  # fmt: skip
         tokens = {}
@@ -660,14 +681,15 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
             result = await provider.acquire_lease(f"k{i}", "a", 1 if i < 10 else LONG_MS)
             tokens[f"k{i}"] = result.token
         assert await provider.sweep() == 0  # expired, but not for the grace period yet
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, [f"k{i}" for i in range(10)], by_s=120)
         await provider.release_lease("k19", "a")  # a fresh tombstone
         assert await provider.sweep() == 7  # one batch
         assert await provider.sweep() == 3
         assert await provider.sweep() == 0
         assert await provider.row_count() == 10  # the live leases and the fresh tombstone
-        await asyncio.sleep(1.2)
+        age_rows(postgres_url, postgres_table, ["k19"], by_s=120)
         assert await provider.sweep() == 1  # the tombstone, now old
+        assert await provider.row_count() == 9
         for key, token in tokens.items():
             result = await provider.acquire_lease(key, "b", LONG_MS)
             if key in ("k19", *(f"k{i}" for i in range(10))):
@@ -679,6 +701,80 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
                 assert result == leasekit.LeaseResult(False, "a", None)
 
 
+async def test_sweeping_the_row_with_the_highest_token_never_lowers_the_next_token(
+    postgres_url: str, postgres_table: str
+) -> None:
+    # Tokens come from the sequence, not from what the table still holds: a token
+    # derived from max(token) + 1 would repeat once the row holding the max is gone.
+    async with PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, sweep_grace_s=60, sweep_every=0
+    ) as provider:
+        low = await provider.acquire_lease("low", "a", LONG_MS)
+        high = await provider.acquire_lease("high", "a", LONG_MS)
+        assert low.token is not None
+        assert high.token is not None
+        assert high.token > low.token
+        await provider.release_lease("high", "a")
+        age_rows(postgres_url, postgres_table, ["high"], by_s=120)
+        assert await provider.sweep() == 1
+        assert await provider.row_count() == 1  # only "low" is left
+        again = await provider.acquire_lease("high", "b", LONG_MS)
+        assert again.acquired
+        assert again.token is not None
+        assert again.token > high.token, (low.token, high.token, again.token)
+
+
+async def test_a_grant_that_waited_for_a_row_lock_lives_its_full_ttl_after_the_grant(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    # Expiry counts from when the statement decides (clock_timestamp()), not from when
+    # its transaction began (now()): a grant that waited 1.5 s for another session's
+    # row lock must still live ttl_ms from the moment the lock was released.
+    async with PostgresLeaseProvider.from_url(
+        with_query(postgres_url, application_name=app_name),
+        table=postgres_table,
+        timeout_s=30,
+        sweep_every=0,
+    ) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        await provider.release_lease("k", "a")  # a free key, with a row to lock
+        other = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+        try:
+            await other.execute("BEGIN")
+            await other.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE key = 'k' FOR UPDATE").format(
+                    identifier(postgres_table)
+                )
+            )
+            task = await start_blocked(
+                provider.acquire_lease("k", "b", LONG_MS), postgres_url, app_name
+            )
+            await asyncio.sleep(1.5)  # the statement waits for the lock all along
+            cursor = await other.execute("SELECT clock_timestamp()")
+            row = await cursor.fetchone()
+            assert row is not None
+            released_at = row[0]
+            await other.execute("COMMIT")
+            result = await task
+        finally:
+            await other.close()
+        assert result.acquired
+        with admin(postgres_url) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT expires_at FROM {} WHERE key = 'k'").format(
+                    identifier(postgres_table)
+                )
+            ).fetchone()
+        assert row is not None
+        # The server's own times: the grant came after released_at, so it ends after
+        # released_at + ttl (now() would have counted from 1.5 s earlier).
+        assert row[0] >= released_at + datetime.timedelta(milliseconds=LONG_MS), (
+            row[0],
+            released_at,
+        )
+
+
+@pytest.mark.slow  # 800 statements and a wait past the grace
 async def test_background_sweeps_keep_the_table_bounded(
     postgres_url: str, postgres_table: str
 ) -> None:
@@ -814,7 +910,7 @@ async def test_a_statement_stalled_by_a_row_lock_is_cancelled_by_the_server(
                 )
             )
             started = time.monotonic()
-            with pytest.raises(leasekit.LeaseBackendError, match="cancelled") as info:
+            with pytest.raises(leasekit.LeaseBackendTimeout, match="statement timeout") as info:
                 await quick.renew_lease("k", "a", LONG_MS)
             assert time.monotonic() - started < timeout_s + SLACK_S
             assert info.value.key == "k"
@@ -1011,3 +1107,217 @@ async def test_calls_stalled_at_different_moments_each_fail_at_their_own_deadlin
         assert await p.get_lease_owner("k") == "a"
         await exercise_every_operation(p, "after")
     await pool.close()
+
+
+# -- deadlines, the pool's log, load, closing, secrets ----------------------------------------
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose server accepts TCP connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)  # the kernel completes each handshake; nobody ever reads
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def pool_tasks(provider: PostgresLeaseProvider) -> list[str]:
+    """The names of the asyncio tasks of the provider's pool (workers, scheduler)."""
+    pool = provider.client
+    assert isinstance(pool, AsyncConnectionPool)
+    return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith(pool.name)]
+
+
+async def test_a_server_that_never_answers_fails_async_with_at_the_timeout_and_leaves_nothing(
+    silent_port: int,
+) -> None:
+    # libpq's connect_timeout is 2 s at least: nothing may wait for the attempt to end.
+    timeout_s = 1.0
+    url = f"postgresql://postgres@127.0.0.1:{silent_port}/postgres?timeout_s={timeout_s}"
+    provider = leasekit.connect(url)
+    assert isinstance(provider, PostgresLeaseProvider)
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendTimeout, match="no answer within 1 s"):
+        async with provider:
+            pass
+    elapsed = time.monotonic() - started
+    assert elapsed < timeout_s + 0.5, elapsed  # before the fix: 2.0 s
+    assert provider.closed
+    assert pool_tasks(provider) == []
+    # An operation without `async with` is bounded the same way, and so is aclose.
+    lazy = leasekit.connect(url)
+    assert isinstance(lazy, PostgresLeaseProvider)
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        await lazy.acquire_lease("k", "a", LONG_MS)
+    started = time.monotonic()
+    await lazy.aclose()
+    assert time.monotonic() - started < timeout_s
+    assert pool_tasks(lazy) == []
+
+
+async def test_a_frozen_server_leaves_no_pool_task_after_aclose(
+    private_postgres_server: PostgresServer,
+) -> None:
+    timeout_s = 0.5
+    url = with_query(private_postgres_server.url, pool_min_size="2", timeout_s=str(timeout_s))
+    provider = leasekit.connect(url)
+    assert isinstance(provider, PostgresLeaseProvider)
+    async with provider:
+        await provider.acquire_lease("k", "a", LONG_MS)
+        private_postgres_server.pause()
+        try:
+            results = await asyncio.gather(
+                *(provider.get_lease_owner(f"k{i}") for i in range(6)), return_exceptions=True
+            )
+            assert all(isinstance(r, leasekit.LeaseBackendTimeout) for r in results), results
+            assert pool_tasks(provider)  # the pool is busy connecting to a frozen server
+        finally:
+            closing = asyncio.ensure_future(provider.aclose())
+            await asyncio.wait((closing,), timeout=SLACK_S)
+            private_postgres_server.resume()
+        await closing
+    assert pool_tasks(provider) == []
+
+
+async def test_nothing_listening_logs_nothing_at_warning_from_psycopg_pool(
+    private_postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.DEBUG, logger="leasekit.postgres")
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?timeout_s=2"
+    with pytest.raises(leasekit.LeaseBackendUnreachable):
+        async with leasekit.connect(url):
+            pass
+    # A server that goes away under an open pool: psycopg_pool discards the broken
+    # connections and retries connecting, and says so, but to leasekit's logger only.
+    server = private_postgres_server
+    async with leasekit.connect(with_query(server.url, timeout_s="1", pool_min_size="2")) as p:
+        await p.acquire_lease("k", "a", LONG_MS)
+        server.kill()
+        with pytest.raises(leasekit.LeaseBackendError):
+            await p.acquire_lease("k", "a", LONG_MS)
+        await eventually(
+            lambda: any("error connecting" in r.getMessage() for r in caplog.records),
+            "the pool to try connecting again",
+        )
+    pool_records = [r for r in caplog.records if r.name.startswith("psycopg")]
+    assert [r.getMessage() for r in pool_records if r.levelno >= logging.WARNING] == []
+    routed = [
+        r
+        for r in caplog.records
+        if r.name == "leasekit.postgres" and r.getMessage().startswith("psycopg_pool: ")
+    ]
+    assert routed
+    assert all(r.levelno == logging.DEBUG for r in routed)
+
+
+async def test_500_concurrent_tasks_wait_for_a_pooled_connection_without_errors(
+    postgres_url: str, postgres_table: str
+) -> None:
+    # The default pool has 10 connections; the other tasks queue for one within timeout_s.
+    errors: list[BaseException] = []
+    done = {"ops": 0}
+    async with leasekit.connect(postgres_url, table=postgres_table) as provider:
+        assert isinstance(provider.client, AsyncConnectionPool)
+        assert provider.client.max_size == 10
+        stop = time.monotonic() + 2.0
+
+        async def worker(i: int) -> None:
+            key, owner = f"k{i}", f"o{i}"
+            while time.monotonic() < stop:
+                try:
+                    assert (await provider.acquire_lease(key, owner, LONG_MS)).acquired
+                    assert await provider.renew_lease(key, owner, LONG_MS)
+                    await provider.release_lease(key, owner)
+                    done["ops"] += 3
+                except leasekit.LeaseError as exc:  # noqa: PERF203 (counting them)
+                    errors.append(exc)
+
+        await asyncio.gather(*(worker(i) for i in range(500)))
+    assert errors == []
+    assert done["ops"] >= 1500
+
+
+async def test_aclose_with_operations_in_flight_settles_them_and_leaves_no_connection(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    before = backends_of(postgres_url, app_name)
+    url = with_query(postgres_url, application_name=app_name, pool_max_size="20")
+    provider = leasekit.connect(url, table=postgres_table)
+    outcomes: list[object] = []
+
+    async def busy(i: int) -> None:
+        while True:
+            try:
+                await provider.acquire_lease(f"k{i}", "a", LONG_MS)
+                await provider.release_lease(f"k{i}", "a")
+            except leasekit.LeaseProviderClosed as exc:  # noqa: PERF203 (the way out)
+                outcomes.append(exc)
+                return
+
+    async with provider:
+        tasks = [asyncio.ensure_future(busy(i)) for i in range(60)]
+        await eventually(lambda: backends_of(postgres_url, app_name) >= 5, "busy connections")
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert results == [None] * 60  # no CancelledError, no other error
+    assert len(outcomes) == 60
+    assert backends_of(postgres_url, app_name) == before
+
+
+async def test_booleans_are_read_one_way_and_keywords_must_be_bools() -> None:
+    for text, value in (("on", True), ("OFF", False), ("yes", True), ("0", False)):
+        provider = leasekit.connect(f"postgresql://h/db?create_schema={text}")
+        assert isinstance(provider, PostgresLeaseProvider)
+        assert provider.create_schema is value
+        await provider.aclose()
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="server_timeout"):
+        leasekit.connect("postgresql://h/db?server_timeout=maybe")
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="create_schema"):
+        leasekit.connect("postgresql://h/db", create_schema="off")
+
+
+async def test_no_message_or_repr_shows_the_password(
+    private_postgres_server: PostgresServer,
+) -> None:
+    server = private_postgres_server
+    secret = "s3cret-Pa55"
+    refused = f"postgresql://app:{secret}@127.0.0.1:{free_port()}/postgres"
+    for url, options in (
+        (f"{refused}?colour=blue", {}),
+        (f"{refused}?timeout_s=soon", {}),
+        (refused, {"colour": "blue"}),
+        (f"postgresql://app:{secret}@h:notaport/db", {}),
+        (f"mysql://app:{secret}@h/db", {}),
+    ):
+        with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+            PostgresLeaseProvider.from_url(url, **options)
+        assert secret not in str(info.value)
+    provider = PostgresLeaseProvider.from_url(refused)
+    assert secret not in repr(provider)
+    with pytest.raises(leasekit.LeaseBackendUnreachable) as refusal:
+        await provider.acquire_lease("k", "a", LONG_MS)
+    assert secret not in str(refusal.value)
+    assert secret not in repr(provider)
+
+    # A wrong password, against a server that checks passwords for this role.
+    assert server.data_dir is not None
+    hba = server.data_dir / "pg_hba.conf"
+    hba.write_text("host all app 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    with admin(server.url) as conn:
+        conn.execute("CREATE ROLE app LOGIN PASSWORD 'right-one'")
+        conn.execute("GRANT CREATE ON SCHEMA public TO app")
+        conn.execute("SELECT pg_reload_conf()")
+    parts = urlsplit(server.url)
+    wrong = urlunsplit(parts._replace(netloc=f"app:{secret}@{parts.hostname}:{parts.port}"))
+    provider = PostgresLeaseProvider.from_url(wrong, timeout_s=5)
+    with pytest.raises(leasekit.LeaseBackendUnreachable, match="password") as auth:
+        async with provider:
+            pass
+    assert secret not in str(auth.value)
+    assert secret not in repr(provider)
+    right = urlunsplit(parts._replace(netloc=f"app:right-one@{parts.hostname}:{parts.port}"))
+    async with PostgresLeaseProvider.from_url(right) as ok:
+        assert "right-one" not in repr(ok)

@@ -7,6 +7,7 @@ Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,10 +15,12 @@ from typing import Any
 
 import anyio
 import pytest
+from faults import eventually
 from scenarios import EXERCISE_OPERATIONS, EXERCISE_READS, LONG_MS, exercise_every_operation
 from servers import (
     RedisClusterServer,
     RedisServer,
+    RespError,
     free_port,
     missing_extra,
     missing_server,
@@ -32,7 +35,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("redis", "the Redis tests")
 
 from leasekit_contract import LeaseProviderContract
-from leasekit_redis import LeaseRecord, RedisLeaseProvider
+from leasekit_redis import LeaseRecord, RedisLeaseProvider, _replies
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +54,13 @@ class TestRedisContract(LeaseProviderContract):
     @pytest.fixture
     def provider_factory(self, redis_url: str, redis_prefix: str) -> Any:
         return functools.partial(leasekit.connect, redis_url, prefix=redis_prefix)
+
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: RedisLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut
 
 
 class TestRedisClusterContract(LeaseProviderContract):
@@ -190,6 +200,12 @@ async def test_rediss_url_builds_a_tls_client() -> None:
         ("redis://h", {"prefix": b"app:"}, "prefix"),
         ("redis://h?cluster=maybe", {}, "cluster"),
         ("redis://h", {"cluster": "yes"}, "cluster"),
+        ("redis://h?max_connections=0", {}, "max_connections"),
+        ("redis://h?max_connections=many", {}, "max_connections"),
+        ("redis://h", {"max_connections": 2.5}, "max_connections"),
+        ("redis://h?timeout=3", {}, "url"),  # the pool's wait is bounded by timeout_s
+        ("redis://h?timeout_s=1&timeout_s=2", {}, "url"),
+        ("redis://h1,h2/0", {}, "url"),
     ],
 )
 def test_bad_urls_and_options_name_the_problem(
@@ -205,11 +221,72 @@ def test_from_url_refuses_other_schemes() -> None:
         RedisLeaseProvider.from_url("unix:///tmp/redis.sock")
 
 
-def test_errors_never_show_the_password() -> None:
+@pytest.mark.parametrize("path", ["/abc", "/1O", "/0/1", "/-1", "/ 1", "/0x1", "//0"])
+def test_a_database_that_is_not_a_number_is_refused_naming_it(path: str) -> None:
     with pytest.raises(leasekit.InvalidLeaseArgument) as info:
-        leasekit.connect("redis://user:s3cret@h/0?colour=blue")
-    assert "s3cret" not in str(info.value)
-    assert "user:***@h" in str(info.value)
+        leasekit.connect(f"redis://127.0.0.1:1{path}")
+    assert info.value.argument == "url"
+    assert "database" in str(info.value)
+    assert repr(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("path", "db"), [("", 0), ("/", 0), ("/0", 0), ("/7", 7), ("/15", 15)])
+async def test_a_database_number_or_none_is_taken(path: str, db: int) -> None:
+    provider = leasekit.connect(f"redis://127.0.0.1:1{path}")
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.client.connection_pool.connection_kwargs.get("db", 0) == db
+    await provider.aclose()
+
+
+@pytest.mark.parametrize(("flag", "cluster"), [("on", True), ("yes", True), ("off", False)])
+async def test_booleans_read_the_same_as_every_backend(flag: str, cluster: bool) -> None:
+    provider = leasekit.connect(f"redis://127.0.0.1:1?cluster={flag}")
+    assert isinstance(provider, RedisLeaseProvider)
+    assert isinstance(provider.client, redis.asyncio.RedisCluster) is cluster
+    await provider.aclose()
+
+
+async def test_the_built_pool_blocks_at_max_connections_default_50() -> None:
+    provider = leasekit.connect("redis://127.0.0.1:1/0")
+    assert isinstance(provider, RedisLeaseProvider)
+    pool = provider.client.connection_pool
+    assert isinstance(pool, redis.asyncio.BlockingConnectionPool)
+    assert pool.max_connections == 50
+    await provider.aclose()
+    provider = leasekit.connect("redis://127.0.0.1:1/0?max_connections=7", max_connections=3)
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.client.connection_pool.max_connections == 3  # keywords win
+    await provider.aclose()
+
+
+SECRET_URLS = [
+    "redis:/user:s3cret@host",
+    "redis//user:s3cret@host",
+    "redis://user:s3cret@h/0?colour=blue",
+    "redis://user:s3cret@h:notaport/0",
+    "redis://user:s3cret@h/abc",
+    "redis://:s3cret@h/0?max_connections=none",
+    "redis://user:s3cret@h/0?socket_timeout=soon",
+    "redis://user:s3cret@h/3?cluster=true",
+    "redis://user:s3cret@h1,h2/0",
+    "redis://h/0?password=s3cret&colour=blue",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_errors_never_show_the_password(url: str) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        leasekit.connect(url)
+    for shown in (str(info.value), repr(info.value), repr(vars(info.value))):
+        assert "s3cret" not in shown
+
+
+async def test_repr_never_shows_the_password() -> None:
+    provider = leasekit.connect("redis://user:s3cret@127.0.0.1:1/0")
+    assert "s3cret" not in repr(provider)
+    assert "127.0.0.1:1" in repr(provider)
+    await provider.aclose()
+    assert "s3cret" not in repr(provider)
 
 
 async def test_a_sync_client_is_refused_with_a_hint() -> None:
@@ -221,13 +298,14 @@ async def test_a_sync_client_is_refused_with_a_hint() -> None:
     client.close()
 
 
-async def test_unreachable_server_fails_at_async_with() -> None:
-    provider = RedisLeaseProvider.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=2)
+async def test_unreachable_server_fails_at_async_with_at_once() -> None:
+    # A refused connection is an answer: it must not wait for timeout_s.
+    provider = RedisLeaseProvider.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=30)
     started = time.monotonic()
-    with pytest.raises(leasekit.LeaseBackendError) as info:
+    with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
         async with provider:
             pass
-    assert time.monotonic() - started < 2 + 5
+    assert time.monotonic() - started < 10
     assert info.value.backend == "redis"
     assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
     await provider.aclose()
@@ -236,13 +314,16 @@ async def test_unreachable_server_fails_at_async_with() -> None:
 # -- clients and closing -------------------------------------------------------------------
 
 
-async def test_an_unreachable_cluster_is_a_backend_error() -> None:
+async def test_an_unreachable_cluster_is_unreachable_at_once() -> None:
     provider = RedisLeaseProvider.from_url(
-        f"redis://127.0.0.1:{free_port()}?cluster=true", timeout_s=2
+        f"redis://127.0.0.1:{free_port()}?cluster=true", timeout_s=30
     )
-    with pytest.raises(leasekit.LeaseBackendError) as info:
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
         await provider.acquire_lease("k", "a", LONG_MS)
+    assert time.monotonic() - started < 10
     assert info.value.key == "k"
+    assert isinstance(info.value.__cause__, redis.exceptions.RedisClusterException)
     await provider.aclose()
 
 
@@ -304,6 +385,195 @@ async def test_a_callers_cluster_client_spreads_keys_over_every_node(
     per_node = [len(names_on(node, pattern)) for node in redis_cluster.nodes]
     assert sum(per_node) == 2 * len(keys)  # a lease and a counter per key
     assert all(count > 0 for count in per_node), per_node
+
+
+def client_connections(server: RedisServer) -> int:
+    """Connections the server has open now, not counting the one asking (``CLIENT LIST``)."""
+    reply = server.command("CLIENT", "LIST")
+    assert isinstance(reply, bytes)
+    return sum(1 for line in reply.decode().splitlines() if line and "cmd=client|list" not in line)
+
+
+def connections_accepted(server: RedisServer) -> int:
+    """Connections the server accepted so far, the one asking included."""
+    return int(server.info("stats")["total_connections_received"])
+
+
+async def test_aclose_with_operations_in_flight_leaves_no_server_connection(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    before = client_connections(private_redis_server)
+    provider = RedisLeaseProvider.from_url(private_redis_server.url, prefix=redis_prefix)
+    await provider.__aenter__()
+    calls = [
+        asyncio.ensure_future(provider.acquire_lease(f"k{i}", "a", LONG_MS)) for i in range(60)
+    ]
+    await asyncio.sleep(0)  # every call is under way: some on a connection, some waiting
+    await provider.aclose()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        # Each finished with its result, or was refused as closed: never cancelled.
+        assert isinstance(result, leasekit.LeaseResult | leasekit.LeaseProviderClosed), result
+    assert any(isinstance(result, leasekit.LeaseResult) for result in results)
+    await eventually(
+        lambda: client_connections(private_redis_server) == before, "the connections to close"
+    )
+
+
+# -- the pool: operations wait for a connection, within timeout_s ------------------------------
+
+
+async def test_operations_beyond_max_connections_wait_for_a_free_one(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    url = f"{private_redis_server.url}?max_connections=2"
+    accepted = connections_accepted(private_redis_server)
+    async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", "a", LONG_MS) for i in range(50)),
+            return_exceptions=True,
+        )
+    assert [r for r in results if not isinstance(r, leasekit.LeaseResult)] == []
+    assert all(isinstance(r, leasekit.LeaseResult) and r.acquired for r in results)
+    # One more than the provider's: the INFO that asks.
+    assert connections_accepted(private_redis_server) - accepted <= 2 + 1
+
+
+async def test_a_cluster_client_waits_for_a_free_connection_too(
+    redis_cluster: RedisClusterServer, redis_prefix: str
+) -> None:
+    url = f"{redis_cluster.url}?cluster=true&max_connections=2"
+    async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", "a", LONG_MS) for i in range(50)),
+            return_exceptions=True,
+        )
+        assert [r for r in results if not isinstance(r, leasekit.LeaseResult)] == []
+        assert len(await provider.inspect()) == 50
+
+
+async def contend(
+    provider: RedisLeaseProvider, tasks: int, seconds: float
+) -> tuple[int, list[Any]]:
+    """``tasks`` tasks acquiring and releasing 50 keys for ``seconds``: (operations, errors)."""
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + seconds
+    errors: list[Any] = []
+    done = 0
+
+    async def worker(i: int) -> None:
+        nonlocal done
+        key, owner = f"k{i % 50}", f"o{i}"
+        while True:  # at least once, however loaded the machine: all 500 at once
+            try:
+                if (await provider.acquire_lease(key, owner, 10_000)).acquired:
+                    await provider.release_lease(key, owner)
+            except leasekit.LeaseError as exc:
+                errors.append(exc)
+            done += 1
+            if loop.time() >= stop:
+                return
+
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    return done, errors
+
+
+@pytest.mark.parametrize("seconds", [2, pytest.param(10, marks=pytest.mark.slow)])
+async def test_500_tasks_on_one_provider_at_default_settings_get_no_error(
+    redis_url: str, redis_prefix: str, seconds: float
+) -> None:
+    async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as provider:
+        done, errors = await contend(provider, 500, seconds)
+    assert errors == []
+    assert done >= 500
+
+
+class PasswordRedisServer(RedisServer):
+    """``redis-server --requirepass``: up once it refuses a PING for want of a password."""
+
+    def probe(self) -> bool:
+        try:
+            self.command("PING", timeout_s=1.0)
+        except RespError as exc:
+            return "NOAUTH" in str(exc)
+        except OSError:
+            return False
+        return True
+
+
+@pytest.fixture
+def password_redis_server(tmp_path: Any) -> Iterator[RedisServer]:
+    binary = RedisServer.find()
+    if binary is None:
+        missing_server("redis-server is not installed", RedisServer.install_hint)
+    with PasswordRedisServer(
+        binary, tmp_path / "redis", extra_args=["--requirepass", "right-pw"]
+    ) as server:
+        yield server
+
+
+@pytest.mark.parametrize("user", ["", "default"])
+async def test_a_wrong_password_is_unreachable_at_once_and_never_shown(
+    password_redis_server: RedisServer, redis_prefix: str, user: str
+) -> None:
+    server = password_redis_server
+    url = f"redis://{user}:wr0ng-pw@{server.host}:{server.port}/0"
+    provider = RedisLeaseProvider.from_url(url, prefix=redis_prefix, timeout_s=30)
+    assert "wr0ng-pw" not in repr(provider)
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
+        async with provider:
+            pass
+    assert time.monotonic() - started < 10  # an answer, not a wait for timeout_s
+    assert isinstance(info.value.__cause__, redis.exceptions.AuthenticationError)
+    for shown in (str(info.value), repr(info.value), repr(vars(info.value)), repr(provider)):
+        assert "wr0ng-pw" not in shown
+        assert "right-pw" not in shown
+    good = f"redis://{user}:right-pw@{server.host}:{server.port}/0"
+    async with RedisLeaseProvider.from_url(good, prefix=redis_prefix) as provider:
+        await exercise_every_operation(provider, "k")
+
+
+# -- requests and replies, without I/O -------------------------------------------------------
+
+
+def test_requests_are_the_commands_to_send() -> None:
+    call = _replies.acquire_request(b"p:", "k{1}", "me", 500, counter_ttl_ms=1000)
+    assert call.evalsha()[0] == "EVALSHA"
+    assert call.evalsha()[2:] == (2, b"p:{k%7B1%7D}", b"p:{k%7B1%7D}:fence", b"me", 500, 1500)
+    assert call.eval()[1] == call.script.source
+    forever = _replies.renew_request(b"p:", "k", "me", 500, counter_ttl_ms=None)
+    assert forever.args == (b"me", 500, 0)
+    transfer = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1)
+    assert transfer.args == (b"a", b"b", 9, 10, b"")
+    told = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1, publish=b"PUBLISH")
+    assert told.args[-1] == b"PUBLISH"
+    assert _replies.release_request(b"p:", "k", "a").keys == (b"p:{k}",)
+    assert _replies.release_request(b"p:", "k", "a", publish=b"SPUBLISH").args == (
+        b"a",
+        b"SPUBLISH",
+    )
+    assert _replies.remaining_request(b"p:", "k") == ("PTTL", b"p:{k}")
+    assert _replies.read_remaining(-2) is None
+    assert _replies.read_remaining(0) == 1
+    assert _replies.read_remaining(1500) == 1500
+    assert _replies.owner_request(b"p:", "k") == ("GET", b"p:{k}")
+
+
+def test_replies_read_as_the_contract_says() -> None:
+    assert _replies.read_acquire(17, "me") == leasekit.LeaseResult(True, "me", 17)
+    assert _replies.read_acquire(b"other\0", "me") == leasekit.LeaseResult(False, "other\0")
+    assert _replies.read_acquire("other", "me") == leasekit.LeaseResult(False, "other")
+    assert _replies.read_owner(None) is None
+    assert _replies.read_owner(b"12 a b") == "a b"
+    assert _replies.read_lease_value("3 x") == ("x", 3)
+    assert _replies.read_flag(1) is True
+    assert _replies.read_flag(0) is False
+    for garbled in (b"nope", b"12 ", b"x y", [1], 1.5):
+        with pytest.raises(_replies.GarbledReply):
+            _replies.read_owner(garbled)
+    with pytest.raises(_replies.GarbledReply):
+        _replies.read_acquire(b"\xff", "me")
 
 
 # -- names: binary-safe, hash-tagged, listed -----------------------------------------------
@@ -451,6 +721,26 @@ async def test_tokens_keep_increasing_after_the_counter_expired(
         assert tokens == sorted(set(tokens)), tokens
 
 
+async def test_a_counter_ahead_of_the_server_clock_still_orders_tokens(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # The counter is ahead of TIME when the server's clock stepped back, or after a
+    # failover to a replica with a slower clock: the next token must still exceed it.
+    async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as provider:
+        counter = provider.prefix.encode() + b"{k}:fence"
+        seconds, micros = await provider.client.time()
+        ahead = seconds * 1_000_000 + micros + 3_600 * 1_000_000  # an hour past TIME
+        await provider.client.set(counter, ahead)
+        first = await provider.acquire_lease("k", "a", LONG_MS)
+        assert first.acquired
+        assert first.token is not None
+        assert first.token > ahead, (ahead, first.token)
+        assert await provider.transfer_lease("k", "a", "b", LONG_MS)
+        second = await provider.acquire_lease("k", "b", LONG_MS)
+        assert second.token is not None
+        assert second.token > first.token
+
+
 async def test_counter_memory_per_key_is_what_the_docs_say(
     private_redis_server: RedisServer, redis_prefix: str
 ) -> None:
@@ -533,7 +823,7 @@ async def test_script_cache_flush_between_calls_is_invisible(
 
 
 @pytest.mark.parametrize("client_kind", ["built", "callers"])
-async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recovers(
+async def test_a_paused_server_is_a_timeout_within_timeout_s_then_recovers(
     private_redis_server: RedisServer, redis_prefix: str, client_kind: str
 ) -> None:
     timeout_s = 0.5
@@ -546,29 +836,75 @@ async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recove
         # redis-py's defaults: no socket timeout, so only the provider's bound helps.
         client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
         provider = RedisLeaseProvider(client, prefix=redis_prefix, timeout_s=timeout_s)
+    loop = asyncio.get_running_loop()
     async with provider:
         assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
         private_redis_server.pause()
         try:
             for call in (
-                provider.acquire_lease("k", "a", LONG_MS),
-                provider.get_lease_owner("k"),
-                provider.transfer_lease("k", "a", "b", LONG_MS),
+                lambda: provider.acquire_lease("k", "a", LONG_MS),
+                lambda: provider.get_lease_owner("k"),
+                lambda: provider.renew_lease("k", "a", LONG_MS),
+                lambda: provider.release_lease("k", "z"),
+                lambda: provider.transfer_lease("k", "a", "b", LONG_MS),
+                provider.inspect,
             ):
-                started = time.monotonic()
-                with pytest.raises(leasekit.LeaseBackendError) as info:
-                    await call
-                elapsed = time.monotonic() - started
-                assert elapsed < timeout_s + 5, elapsed
-                assert info.value.key == "k"
-                assert info.value.__cause__ is not None
+                started = loop.time()
+                with pytest.raises(leasekit.LeaseBackendTimeout) as info:
+                    await call()
+                elapsed = loop.time() - started
+                assert elapsed < timeout_s + 0.1, elapsed
+                assert info.value.backend == "redis"
         finally:
             private_redis_server.resume()
-        # The last call may or may not have run once the server woke; either is fine.
+        # The last write may or may not have run once the server woke; either is fine.
         assert await provider.get_lease_owner("k") in ("a", "b")
         await exercise_every_operation(provider, "after-pause")
     if client is not None:
         await client.aclose()
+
+
+async def test_async_with_on_a_paused_server_is_a_timeout_within_timeout_s(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    timeout_s = 0.5
+    loop = asyncio.get_running_loop()
+    private_redis_server.pause()  # the kernel still accepts connections; nothing answers
+    try:
+        provider = RedisLeaseProvider.from_url(
+            private_redis_server.url, prefix=redis_prefix, timeout_s=timeout_s
+        )
+        started = loop.time()
+        with pytest.raises(leasekit.LeaseBackendTimeout):
+            async with provider:
+                pass
+        assert loop.time() - started < timeout_s + 0.1
+        assert provider.closed
+    finally:
+        private_redis_server.resume()
+
+
+async def test_waiting_for_a_connection_that_never_frees_is_a_timeout(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    timeout_s = 0.5
+    loop = asyncio.get_running_loop()
+    async with RedisLeaseProvider.from_url(
+        f"{private_redis_server.url}?max_connections=1", prefix=redis_prefix, timeout_s=timeout_s
+    ) as provider:
+        private_redis_server.pause()
+        try:
+            started = loop.time()
+            # The first holds the only connection; the others wait for it in the pool.
+            results = await asyncio.gather(
+                *(provider.get_lease_owner(f"k{i}") for i in range(3)), return_exceptions=True
+            )
+            elapsed = loop.time() - started
+        finally:
+            private_redis_server.resume()
+        assert all(isinstance(r, leasekit.LeaseBackendTimeout) for r in results), results
+        assert elapsed < timeout_s + 0.1
+        await exercise_every_operation(provider, "after-pause")
 
 
 async def test_a_killed_server_is_a_prompt_backend_error_and_a_restart_recovers(
@@ -580,7 +916,7 @@ async def test_a_killed_server_is_a_prompt_backend_error_and_a_restart_recovers(
         await exercise_every_operation(provider, "k")
         private_redis_server.kill()
         started = time.monotonic()
-        with pytest.raises(leasekit.LeaseBackendError) as info:
+        with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
             await provider.acquire_lease("k", "a", LONG_MS)
         assert time.monotonic() - started < 2 + 5
         assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)

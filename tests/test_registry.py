@@ -1,4 +1,4 @@
-"""The backend registry against real (fake) installed distributions (DESIGN.md §4).
+"""The backend registry against real (fake) installed distributions (docs/backends.md).
 
 Each test installs tiny distributions into a temporary directory on ``sys.path``:
 a ``*.dist-info`` with ``METADATA`` and ``entry_points.txt``, plus the plugin's

@@ -220,7 +220,7 @@ async def test_schema_creation_is_idempotent_across_many_providers(db_path: Path
 # -- sweeping ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 100,000 acquires
 async def test_table_stays_proportional_to_live_keys_after_100k_churned_keys(
     db_path: Path,
 ) -> None:
@@ -228,9 +228,12 @@ async def test_table_stays_proportional_to_live_keys_after_100k_churned_keys(
         live = [f"live-{i}" for i in range(10)]
         for key in live:
             assert (await provider.acquire_lease(key, "keeper", 600_000)).acquired
+        first = None
         for i in range(100_000):
             # Each key is used once and left to expire, the way thread keys churn.
-            assert (await provider.acquire_lease(f"churn-{i}", "worker", 1)).acquired
+            result = await provider.acquire_lease(f"churn-{i}", "worker", 1)
+            assert result.acquired
+            first = result.token if first is None else first
         rows = await provider.row_count()
         # Live keys plus at most a couple of sweep batches of not-yet-reclaimed tombstones.
         assert rows <= len(live) + 2 * 256, rows
@@ -238,8 +241,9 @@ async def test_table_stays_proportional_to_live_keys_after_100k_churned_keys(
             assert await provider.get_lease_owner(key) == "keeper"
         # A swept key starts again above every token it ever had.
         again = await provider.acquire_lease("churn-0", "worker", 60_000)
+        assert first is not None
         assert again.token is not None
-        assert again.token > 1
+        assert again.token > first
 
 
 async def test_sweep_keeps_tokens_increasing_for_reclaimed_keys(db_path: Path) -> None:
@@ -278,12 +282,16 @@ async def test_many_providers_hammering_one_file_never_see_database_is_locked(
 
     async def churn(p: SQLiteLeaseProvider, owner: str) -> int:
         wins = 0
+        successor = owner + "-next"
         for i in range(150):
             key = f"k{i % 3}"
-            if (await p.acquire_lease(key, owner, 50)).acquired:
+            # Long TTLs: every lease ends by its release, never by a stall of this run.
+            if (await p.acquire_lease(key, owner, 60_000)).acquired:
                 wins += 1
-                await p.transfer_lease(key, owner, owner + "-next", 50)
-                await p.release_lease(key, owner + "-next")
+                assert await p.transfer_lease(key, owner, successor, 60_000) is True
+                assert await p.get_lease_owner(key) == successor
+                await p.release_lease(key, successor)
+                assert await p.get_lease_owner(key) not in (owner, successor)
         return wins
 
     wins = await asyncio.gather(*(churn(p, f"o{i}") for i, p in enumerate(providers)))

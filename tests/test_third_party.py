@@ -237,12 +237,20 @@ def assert_whole_suite_passed(run: SuiteRun) -> None:
     assert run.returncode == 0, run.describe()
     assert counts["failed"] == counts["error"] == 0, run.describe()
     assert counts["passed"] >= 100, f"the suite hardly ran: {dict(counts)}\n{run.describe()}"
-    # In-process stores declare shared_across_processes=False: only the multi-process
-    # checks may skip. Fencing and atomic transfer are declared, so they must run.
+    # In-process stores declare shared_across_processes=False and no release
+    # notifications: only the multi-process and the wake-up checks may skip. Fencing and
+    # atomic transfer are declared, so they must run.
     skipped = sorted(name for (_, name), o in run.outcomes.items() if o == "skipped")
-    assert all("processes" in name for name in skipped), skipped
+    wake_ups = {
+        "test_a_release_wakes_a_waiter",
+        "test_a_transfer_wakes_a_waiter_who_is_still_denied",
+        "test_a_waiter_takes_a_dead_holders_key_after_its_expiry",
+        "test_a_lost_channel_wakes_waiters_and_waiting_still_works",
+    }
+    assert all("processes" in name or name in wake_ups for name in skipped), skipped
 
 
+@pytest.mark.slow  # the whole suite, in a child pytest
 def test_example_backend_passes_the_suite_through_the_mixin(tmp_path: Path) -> None:
     """The author's own one-class test module passes, with the example's pytest config."""
     run = run_pytest([str(EXAMPLE / "tests")], pythonpath=[EXAMPLE], cwd=tmp_path)
@@ -268,6 +276,7 @@ def test_example_backend_is_found_through_its_entry_point(
     assert Path(location).is_relative_to(installed_plugin), location
 
 
+@pytest.mark.slow  # the whole suite, in a child pytest
 def test_example_backend_passes_the_suite_through_the_plugin(
     installed_plugin: Path, tmp_path: Path
 ) -> None:
@@ -311,6 +320,7 @@ def test_every_broken_backend_is_checked_here(tmp_path: Path) -> None:
     assert set(names) == set(CAUGHT)
 
 
+@pytest.mark.slow  # the suite on every broken backend
 def test_release_without_owner_check_fails_the_whole_suite(broken_run: SuiteRun) -> None:
     """The issue's headline case: the full suite fails it, and says where."""
     backend = "TestReleaseWithoutOwnerCheck"
@@ -328,6 +338,7 @@ def test_release_without_owner_check_fails_the_whole_suite(broken_run: SuiteRun)
 
 
 @pytest.mark.parametrize("backend", sorted(CAUGHT))
+@pytest.mark.slow  # the suite on every broken backend
 def test_suite_fails_broken_backend_where_expected(broken_run: SuiteRun, backend: str) -> None:
     test_class = f"Test{backend}"
     for test in CAUGHT[backend]:

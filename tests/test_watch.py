@@ -224,3 +224,20 @@ async def test_watch_owner_validates_poll_s(bad: object) -> None:
     changes = leasekit.watch_owner(MemoryLeaseProvider(), "k", poll_s=bad)  # type: ignore[arg-type]
     with pytest.raises(leasekit.InvalidLeaseArgument, match="poll_s"):
         await anext(changes)
+
+
+async def test_sqlite_waiters_take_a_dead_holders_key_at_its_expiry_not_the_next_poll(
+    tmp_path: Any,
+) -> None:
+    async with leasekit.connect(f"sqlite:///{tmp_path}/leases.db") as provider:
+        assert await provider.lease_remaining_ms("k") is None  # type: ignore[attr-defined]
+        await provider.acquire_lease("k", "dead", 400)
+        remaining = await provider.lease_remaining_ms("k")  # type: ignore[attr-defined]
+        assert 0 < remaining <= 400
+        # Polling at max_poll_s=60 s would sleep far past the expiry; the remaining time
+        # caps each pause, so the key is taken once the holder's lease runs out.
+        result = await asyncio.wait_for(
+            leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=30, max_poll_s=60),
+            BOUND_S,
+        )
+        assert result.owner == "bob"

@@ -121,7 +121,7 @@ class EtcdLeaseProvider(BackendProvider):
 
     backend: ClassVar[str] = "etcd"
     errors: ClassVar[ErrorMap] = ERRORS
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities: Capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
         ttl_resolution_ms=1000,

@@ -92,7 +92,7 @@ class Statements:
     identifiers are part of the SQL text. Each statement is composed with
     :mod:`psycopg.sql` and rendered here, once per provider: psycopg would otherwise
     render a ``sql.Composed`` again on every execution (10-25 us a call). Rendering
-    needs no connection: the names are ASCII identifiers (``_provider._check_table``),
+    needs no connection: the names are ASCII identifiers (``_options.table_name``),
     quoted the same in every client encoding.
     """
 
@@ -203,6 +203,44 @@ class Statements:
             """
             UPDATE {table} SET expires_at = clock_timestamp()
             WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+            """
+        )
+
+        # The same two, telling waiters in the same statement: %(channel)s is the
+        # table's NOTIFY channel, the payload the key in hex (a payload is text and may
+        # not hold NUL). The notification goes out when the statement commits, so a
+        # woken waiter always finds the change. rowcount: 1 if released (or moved).
+        self.release_notify = compose(
+            """
+            WITH released AS (
+                UPDATE {table} SET expires_at = clock_timestamp()
+                WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+                RETURNING key
+            )
+            SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM released
+            """
+        )
+        self.transfer_notify = compose(
+            """
+            WITH moved AS (
+                UPDATE {table} SET
+                    token = CASE WHEN owner = %(to_owner)s THEN token
+                                 ELSE nextval({seq_regclass}) END,
+                    owner = %(to_owner)s,
+                    expires_at = {expires_in}
+                WHERE key = %(key)s AND owner = %(from_owner)s
+                    AND expires_at > clock_timestamp()
+                RETURNING key
+            )
+            SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM moved
+            """
+        )
+
+        # %(key)s -> milliseconds left on the live lease, or no row.
+        self.remaining = compose(
+            """
+            SELECT ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+            FROM {table} WHERE key = %(key)s AND expires_at > clock_timestamp()
             """
         )
 

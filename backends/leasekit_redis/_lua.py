@@ -72,6 +72,12 @@ local function next_token(counter_key, counter_px)
   return token
 end
 
+local function notify(lease_key, publish)
+  if publish ~= '' then
+    redis.call(publish, lease_key .. ':released', '')
+  end
+end
+
 local function touch_counter(counter_key, counter_px)
   if counter_px ~= '0' then
     redis.call('PEXPIRE', counter_key, counter_px)
@@ -108,8 +114,10 @@ return tonumber(token)
 """,
 )
 
-# KEYS: lease. ARGV: owner. Deletes the lease only if ARGV[1] holds it (an expired
-# lease is already gone); the counter stays. Returns 1 if deleted, else 0.
+# KEYS: lease. ARGV: owner, publish ('PUBLISH', 'SPUBLISH' on a cluster, or '' for
+# none). Deletes the lease only if ARGV[1] holds it (an expired lease is already gone);
+# the counter stays, and waiters hear of it on the lease's channel (``_notify``) in the
+# same step. Returns 1 if deleted, else 0.
 RELEASE = Script(
     "release",
     _PRELUDE
@@ -117,6 +125,7 @@ RELEASE = Script(
 local value = redis.call('GET', KEYS[1])
 if value and parse(value) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  notify(KEYS[1], ARGV[2])
   return 1
 end
 return 0
@@ -139,7 +148,8 @@ return 0
 """,
 )
 
-# KEYS: lease, counter. ARGV: from_owner, to_owner, ttl_ms, counter_px. Rewrites the
+# KEYS: lease, counter. ARGV: from_owner, to_owner, ttl_ms, counter_px, publish (as
+# RELEASE's: waiters are told to look again, the key now being someone else's). Rewrites the
 # live lease of ARGV[1] in place for ARGV[2] with a new token and a fresh TTL: one
 # SET, so the key is never free in between. Transfer to oneself is a renew and keeps
 # the token. Returns 1, or 0 if ARGV[1] does not hold a live lease.
@@ -162,6 +172,7 @@ if ARGV[2] == ARGV[1] then
 end
 local token = next_token(KEYS[2], ARGV[4])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[2], 'PX', ARGV[3])
+notify(KEYS[1], ARGV[5])
 return 1
 """,
 )

@@ -97,7 +97,12 @@ class RedisReleaseListener:
         pubsub = self._pubsub
         try:
             while not self._closed:
-                message = await pubsub.get_message(timeout=None)
+                if self._sharded:
+                    # redis-py's cluster pub/sub reads each node in turn: wait a little
+                    # on each rather than forever on one.
+                    message = await pubsub.get_sharded_message(timeout=0.5)
+                else:
+                    message = await pubsub.get_message(timeout=None)
                 if message is None:
                     continue
                 kind = message.get("type")

@@ -1,42 +1,64 @@
 """``RedisLeaseProvider``: leases in Redis, one Lua script (one round trip) per operation.
 
 Each write is one script (``_lua``) that reads, checks ownership and writes without
-any other command in between; the owner lookup is a single ``GET``. Expiry is Redis's
-own ``PX`` TTL on the server clock. Works on a single server, behind Sentinel-managed
-clients, and on Redis Cluster: the names a script touches share one hash tag
-(``_keys``).
+any other command in between; the owner lookup is a single ``GET``. What to send and
+how to read the answer are pure functions (``_replies``); this module only drives them
+over redis-py's asyncio client, on the lifecycle, deadlines and error mapping of
+:class:`leasekit.backend.BackendProvider`. Expiry is Redis's own ``PX`` TTL on the
+server clock. Works on a single server, behind Sentinel-managed clients, and on Redis
+Cluster: the names a script touches share one hash tag (``_keys``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, TypeAlias, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any, ClassVar, TypeAlias, TypeVar
+from urllib.parse import urlencode
 
 import redis.asyncio
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, BlockingConnectionPool
+from redis.asyncio.connection import parse_url as redis_parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationWrongNumberOfArgsError,
+    MaxConnectionsError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from leasekit import (
     Capabilities,
     InvalidLeaseArgument,
     LeaseBackendError,
-    LeaseProviderClosed,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
     LeaseResult,
     validate_key,
     validate_owner,
     validate_ttl_ms,
 )
+from leasekit.backend import (
+    BackendProvider,
+    ErrorMap,
+    LeaseRecord,
+    Option,
+    OptionSet,
+    ReleaseHub,
+    ReleaseWatch,
+    parse_url,
+    redact_url,
+    timeout_option,
+)
 
-from . import _keys, _lua
+from . import _keys, _replies
+from ._notify import RedisReleaseListener
 
 __all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
 
@@ -44,16 +66,49 @@ RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
 """The clients the provider accepts: redis-py's asyncio client, single server or cluster."""
 
 _T = TypeVar("_T")
-_BACKEND = "redis"
 _SCHEMES = ("redis", "rediss")
-_DEFAULT_PREFIX = "leasekit:"
-_DEFAULT_TIMEOUT_S = 5.0
-_DEFAULT_COUNTER_TTL_MS = 3_600_000  # one hour; see docs/backends/redis.md
+_DEFAULT_PORT = 6379
 _MAX_COUNTER_TTL_MS = 2**40  # about 35 years: far beyond any use, far below PX's limit
 _MAX_PREFIX_BYTES = 256
-_OPTIONS = ("prefix", "timeout_s", "counter_ttl_ms", "cluster")
+_INSPECT_BATCH = 256
+_DATABASE = re.compile(r"/([0-9]+)?")
+
+
+def _check_prefix(prefix: str) -> str:
+    if "{" in prefix or "}" in prefix:
+        raise InvalidLeaseArgument.for_argument(
+            "prefix",
+            f"must not contain '{{' or '}}' (leasekit puts the Redis Cluster hash tag "
+            f"after the prefix), got {prefix!r}",
+            prefix,
+        )
+    try:
+        raw = prefix.encode()
+    except UnicodeEncodeError:
+        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
+    if len(raw) > _MAX_PREFIX_BYTES:
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes"
+        )
+    return prefix
+
+
+_PREFIX = Option("prefix", str, "leasekit:", check=_check_prefix)
+_TIMEOUT = timeout_option(5.0)
+# One hour; see docs/backends/redis.md. None keeps counters forever.
+_COUNTER_TTL = Option(
+    "counter_ttl_ms", int, 3_600_000, minimum=1, maximum=_MAX_COUNTER_TTL_MS, nullable=True
+)
+_CLUSTER = Option("cluster", bool, False)
+_LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
+# Connections the built client opens at most (per node on a cluster); operations beyond
+# that wait for a free one within timeout_s. 50 is redis-py's BlockingConnectionPool's.
+_MAX_CONNECTIONS = Option("max_connections", int, 50, minimum=1, maximum=100_000)
+
 # Connection settings that redis-py reads from a URL's query, passed through to it.
-_DRIVER_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
+# max_connections is leasekit's own (it sizes the blocking pool), and the pool's wait
+# ("timeout") is bounded by timeout_s, so neither passes through.
+_DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "timeout"}) | {
     "client_name",
     "ssl_keyfile",
     "ssl_certfile",
@@ -63,20 +118,35 @@ _DRIVER_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
     "ssl_ciphers",
     "ssl_password",
 }
-_INSPECT_BATCH = 256
+_OPTIONS = (_PREFIX, _TIMEOUT, _COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS)
+# TLS settings only make sense, and only pass through, with rediss://.
+_OPTION_SETS = {
+    "redis": OptionSet(
+        "redis", _OPTIONS, driver=frozenset(n for n in _DRIVER_QUERY if not n.startswith("ssl_"))
+    ),
+    "rediss": OptionSet("redis", _OPTIONS, driver=_DRIVER_QUERY),
+}
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """One live lease, as ``inspect`` reports it."""
+class _RedisErrors(ErrorMap):
+    """The toolkit's table, plus one rule: a cluster failure is judged by its cause.
 
-    key: str
-    owner: str
-    token: int
-    remaining_ms: int
+    A cluster client with no reachable node raises ``RedisClusterException`` ("cannot
+    be connected") from the ``ConnectionError`` of its last attempt; that cause (a
+    refused connection, a name that does not resolve, a wrong password) says what
+    happened, so it decides the class.
+    """
+
+    __slots__ = ()
+
+    def classify(self, exc: BaseException) -> type[LeaseBackendError]:
+        cause = exc.__cause__
+        if isinstance(exc, RedisClusterException) and isinstance(cause, RedisError | OSError):
+            return super().classify(cause)
+        return super().classify(exc)
 
 
-class RedisLeaseProvider:
+class RedisLeaseProvider(BackendProvider):
     """Leases in Redis: atomic Lua scripts, server-clock TTLs, fencing tokens.
 
     Pass your own ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` (which
@@ -86,8 +156,11 @@ class RedisLeaseProvider:
 
     - ``prefix`` (default ``"leasekit:"``) starts every Redis name the provider uses;
       it may not contain ``{`` or ``}``, which are reserved for the hash tag.
-    - ``timeout_s`` (default 5) bounds every operation, end to end: a stalled or
-      unreachable server raises :class:`~leasekit.LeaseBackendError`, never hangs.
+    - ``timeout_s`` (default 5) bounds every operation, end to end, waiting for a free
+      connection included: a stalled server raises
+      :class:`~leasekit.LeaseBackendTimeout`, never hangs; a refused connection, a
+      failed name lookup or a wrong password raise
+      :class:`~leasekit.LeaseBackendUnreachable` at once.
     - ``counter_ttl_ms`` (default one hour) is how long a key's fencing counter is kept
       beyond its lease's TTL; ``None`` keeps it forever. Tokens keep increasing either
       way, because a new token is also at least the server's clock in microseconds;
@@ -99,6 +172,7 @@ class RedisLeaseProvider:
     writes. Fencing tokens keep increasing across both.
     """
 
+    backend = "redis"
     capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
@@ -108,31 +182,64 @@ class RedisLeaseProvider:
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=False,
+        release_notifications=True,
+    )
+    # Subclasses before their bases: MaxConnectionsError is a ConnectionError (a
+    # caller's non-blocking pool ran out, not an unreachable server), the AUTH
+    # arity error a ResponseError. AuthenticationError, AuthorizationError, refused
+    # connections, DNS and TLS failures all arrive as redis-py's ConnectionError.
+    # RedisClusterException is not a RedisError.
+    errors: ClassVar[ErrorMap] = _RedisErrors(
+        {
+            MaxConnectionsError: LeaseBackendError,
+            AuthenticationWrongNumberOfArgsError: LeaseBackendUnreachable,
+            RedisTimeoutError: LeaseBackendTimeout,
+            RedisConnectionError: LeaseBackendUnreachable,
+            RedisClusterException: LeaseBackendError,
+            RedisError: LeaseBackendError,
+        },
+        backend="redis",
     )
 
     def __init__(
         self,
         client: RedisClient,
         *,
-        prefix: str = _DEFAULT_PREFIX,
-        timeout_s: float = _DEFAULT_TIMEOUT_S,
-        counter_ttl_ms: int | None = _DEFAULT_COUNTER_TTL_MS,
+        prefix: str = _PREFIX.default,
+        timeout_s: float = _TIMEOUT.default,
+        counter_ttl_ms: int | None = _COUNTER_TTL.default,
         close_client: bool = False,
     ) -> None:
-        if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
+        if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
             raise InvalidLeaseArgument.for_argument(
                 "client",
                 "must be a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio "
                 f"client), got {type(client).__module__}.{type(client).__qualname__}",
             )
+        self.prefix: str = _PREFIX.validate(prefix)
+        self.counter_ttl_ms: int | None = _COUNTER_TTL.validate(counter_ttl_ms)
+        super().__init__(timeout_s=_TIMEOUT.validate(timeout_s), owns_client=bool(close_client))
         self._client: RedisClient = client
-        self._prefix = _check_prefix(prefix)
-        self.prefix = prefix
-        self.timeout_s = _check_timeout(timeout_s)
-        self.counter_ttl_ms = _check_counter_ttl(counter_ttl_ms)
-        self._close_client = bool(close_client)
-        self._closed = False
-        self._deadlines = _Deadlines(self.timeout_s)
+        self._prefix = self.prefix.encode()
+        self._server = _server_of(client)
+        # On a client from_url built, at most max_connections commands run at once and
+        # the rest wait their turn here, first come first served. redis-py cannot do
+        # it alone: a cluster node refuses a command beyond its limit instead of
+        # waiting, and BlockingConnectionPool lets a task that just released a
+        # connection take it straight back, so under load a waiter can starve past
+        # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
+        self._slots: asyncio.Semaphore | None = None
+        # Release notifications: the scripts publish on the lease's channel, sharded on a
+        # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
+        cluster = isinstance(client, redis.asyncio.RedisCluster)
+        if cluster and not callable(getattr(client, "pubsub", None)):
+            self.capabilities = replace(self.capabilities, release_notifications=False)
+        self._publish = (
+            b""
+            if not self.capabilities.release_notifications
+            else (b"SPUBLISH" if cluster else b"PUBLISH")
+        )
+        self._listener = RedisReleaseListener(client, sharded=cluster, timeout_s=self.timeout_s)
 
     @property
     def client(self) -> RedisClient:
@@ -141,139 +248,127 @@ class RedisLeaseProvider:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisLeaseProvider:
-        """Build a provider and its own client from ``redis://`` or ``rediss://`` URL.
+        """Build a provider and its own client from a ``redis://`` or ``rediss://`` URL.
 
-        The URL is redis-py's (``redis://[user:password@]host:port/db``), whose query
-        may also carry redis-py connection settings (``ssl_cert_reqs``,
-        ``client_name``, ...). leasekit's options (``prefix``, ``timeout_s``,
-        ``counter_ttl_ms``, and ``cluster=true`` for a ``RedisCluster`` client) come
-        from the query or from keyword arguments, which win. Anything else is an
-        :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
+        ``redis://[user:password@]host[:port][/db]``: ``db`` is a number (default 0).
+        The query may carry redis-py connection settings (``ssl_cert_reqs``,
+        ``client_name``, ...), passed through, and leasekit's options (``prefix``,
+        ``timeout_s``, ``counter_ttl_ms``, ``max_connections``, and ``cluster=true``
+        for a ``RedisCluster`` client), which keyword arguments override. Anything else
+        is an :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
+
+        The client's pool opens at most ``max_connections`` connections (default 50;
+        per node on a cluster); an operation that finds them all busy waits for one,
+        within its ``timeout_s``.
         """
-        if not isinstance(url, str):
+        parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
+        settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
+        values = settled.values
+        if len(parsed.endpoints) > 1:
             raise InvalidLeaseArgument.for_argument(
-                "url", f"must be a str, got {type(url).__name__}"
+                "url",
+                f"takes one host (a cluster client finds the other nodes itself), got "
+                f"{len(parsed.endpoints)} in {parsed.redacted!r}",
             )
-        parts = urlsplit(url)
-        if parts.scheme.lower() not in _SCHEMES:
+        database = _DATABASE.fullmatch(parsed.path) if parsed.path else None
+        if parsed.path and database is None:
             raise InvalidLeaseArgument.for_argument(
-                "url", f"must start with redis:// or rediss://, got {_redact(url)!r}"
+                "url",
+                f"the database must be a number after the host, as in /0, got "
+                f"{parsed.path!r} in {parsed.redacted!r}",
             )
-        ours: dict[str, Any] = {}
-        driver: list[tuple[str, str]] = []
-        for name, value in parse_qsl(parts.query, keep_blank_values=True):
-            if name in _OPTIONS:
-                ours[name] = _coerce_option(name, value)
-            elif name in _DRIVER_QUERY and (
-                parts.scheme == "rediss" or not name.startswith("ssl_")
-            ):
-                driver.append((name, value))
-            else:
-                raise InvalidLeaseArgument.for_argument(
-                    "url",
-                    f"unknown query parameter {name!r} in {_redact(url)!r}; leasekit's options "
-                    f"are {', '.join(_OPTIONS)}, and redis-py's connection settings "
-                    f"{', '.join(sorted(_DRIVER_QUERY))} pass through (ssl_* with rediss://)",
-                )
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
+        cluster: bool = values["cluster"]
+        if cluster and database is not None and int(database.group(1) or 0) != 0:
             raise InvalidLeaseArgument.for_argument(
-                "options",
-                f"unknown redis option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)} "
-                "(pass your own client as RedisLeaseProvider(client) for anything else)",
+                "url",
+                f"Redis Cluster has only database 0, got db {parsed.path!r} in {parsed.redacted!r}",
             )
-        ours.update(options)
-        cluster = ours.pop("cluster", False)
-        if not isinstance(cluster, bool):
-            raise InvalidLeaseArgument.for_argument("cluster", f"must be a bool, got {cluster!r}")
-        # Check the options before the client exists, so a bad one leaks nothing.
-        prefix = ours.get("prefix", _DEFAULT_PREFIX)
-        _check_prefix(prefix)
-        timeout_s = _check_timeout(ours.get("timeout_s", _DEFAULT_TIMEOUT_S))
-        _check_counter_ttl(ours.get("counter_ttl_ms", _DEFAULT_COUNTER_TTL_MS))
-        driver_url = urlunsplit(parts._replace(query=urlencode(driver)))
+        query = urlencode(settled.driver)
+        driver_url = parsed.without_query() + (f"?{query}" if query else "")
         try:
-            parse_url(driver_url)
+            redis_parse_url(driver_url)
         except ValueError as exc:
-            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+        timeout_s: float = values["timeout_s"]
+        max_connections: int = values["max_connections"]
         settings: dict[str, Any] = {
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
             # One immediate retry on a dropped connection (a restarted server, an idle
             # link cut by a proxy) and none on timeouts; see docs/backends/redis.md.
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            "retry_on_error": [RedisConnectionError],  # redis-py 5 retries only these
+            "retry_on_error": [RedisConnectionError],
         }
         client: RedisClient
         try:
             if cluster:
-                client = redis.asyncio.RedisCluster.from_url(driver_url, **settings)
+                client = redis.asyncio.RedisCluster.from_url(
+                    driver_url, max_connections=max_connections, **settings
+                )
             else:
-                client = redis.asyncio.Redis.from_url(driver_url, **settings)
+                # Blocking, never MaxConnectionsError, should anything take a connection
+                # outside the provider's turns (its wait is bounded by timeout_s).
+                pool = BlockingConnectionPool.from_url(
+                    driver_url, max_connections=max_connections, timeout=None, **settings
+                )
+                client = redis.asyncio.Redis.from_pool(pool)
         except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
-            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({_redact(url)!r})") from None
-        return cls(client, close_client=True, **ours)
-
-    # -- one round trip, bounded and translated ----------------------------------------
-
-    async def _bounded(self, awaitable: Awaitable[_T], key: str | None) -> _T:
-        """Await one round trip within ``timeout_s``; driver errors become ours."""
-        watch = self._deadlines.open()
-        try:
-            if watch is None:  # Python 3.10, or called outside a task
-                return await asyncio.wait_for(awaitable, self.timeout_s)
-            return await awaitable
-        except asyncio.CancelledError:
-            if watch is not None and self._deadlines.close(watch):
-                raise self._no_answer(key) from TimeoutError()
-            raise
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            raise self._no_answer(key) from exc
-        except (RedisError, RedisClusterException, OSError) as exc:
-            # RedisClusterException is not a RedisError: a cluster with no reachable node.
-            raise LeaseBackendError(
-                f"{type(exc).__name__}: {exc}{self._where()}", backend=_BACKEND, key=key
-            ) from exc
-        finally:
-            if watch is not None:
-                self._deadlines.close(watch)
-
-    def _no_answer(self, key: str | None) -> LeaseBackendError:
-        return LeaseBackendError(
-            f"no answer within {self.timeout_s:g} s{self._where()}", backend=_BACKEND, key=key
+            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+        provider = cls(
+            client,
+            prefix=values["prefix"],
+            timeout_s=timeout_s,
+            counter_ttl_ms=values["counter_ttl_ms"],
+            close_client=True,
         )
+        provider._slots = asyncio.Semaphore(max_connections)
+        return provider
 
-    async def _run(self, script: _lua.Script, key: str, keys: tuple[bytes, ...], *args: Any) -> Any:
-        if self._closed:
-            raise LeaseProviderClosed(backend=_BACKEND)
-        return await self._bounded(self._evalsha(script, keys, args), key)
+    # -- one round trip: the toolkit bounds it and maps its errors ------------------------
 
-    async def _evalsha(
-        self, script: _lua.Script, keys: tuple[bytes, ...], args: tuple[Any, ...]
-    ) -> Any:
+    async def _evalsha(self, call: _replies.ScriptCall) -> Any:
         client = self._client
         try:
-            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await client.execute_command(*call.evalsha())
         except NoScriptError:
             # The server's script cache was flushed, or this is its first call here:
             # EVAL runs the script and caches it again, so EVALSHA works next time.
-            return await client.execute_command("EVAL", script.source, len(keys), *keys, *args)
+            return await client.execute_command(*call.eval())
+
+    def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
+        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built."""
+        if self._slots is None:
+            return send(*args, **kwargs)
+        return self._in_turn(self._slots, send, *args, **kwargs)
+
+    @staticmethod
+    async def _in_turn(
+        slots: asyncio.Semaphore, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
+    ) -> _T:
+        async with slots:
+            return await send(*args, **kwargs)
+
+    async def _connect(self) -> None:
+        # PING now, so a wrong address or password shows up at the `async with`.
+        await self._send(self._client.execute_command, "PING")
+
+    async def _close_client(self) -> None:
+        await self._client.aclose()
+
+    def _describe(self) -> str:
+        where = f", server={self._server}" if self._server else ""
+        return f"prefix={self.prefix!r}{where}"
 
     def _where(self) -> str:
-        kwargs: Mapping[str, Any] | None = getattr(
-            getattr(self._client, "connection_pool", None), "connection_kwargs", None
+        return f" (server {self._server})" if self._server else ""
+
+    def _garbled(self, key: str | None, exc: _replies.GarbledReply) -> LeaseBackendError:
+        return LeaseBackendError(
+            f"unexpected data at the lease's Redis key ({exc}); is another program "
+            f"writing under the prefix {self.prefix!r}?",
+            backend=self.backend,
+            key=key,
         )
-        if kwargs and "host" in kwargs:
-            return f" (server {kwargs['host']}:{kwargs.get('port', 6379)})"
-        return ""
-
-    def _names(self, key: str) -> tuple[bytes, bytes]:
-        lease = _keys.lease_name(self._prefix, key)
-        return lease, _keys.counter_name(lease)
-
-    def _counter_px(self, ttl_ms: int) -> int:
-        # The counter outlives the lease's current TTL by counter_ttl_ms; 0 means forever.
-        return 0 if self.counter_ttl_ms is None else ttl_ms + self.counter_ttl_ms
 
     # -- the contract -------------------------------------------------------------------
 
@@ -281,69 +376,90 @@ class RedisLeaseProvider:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        reply = await self._run(
-            _lua.ACQUIRE, key, self._names(key), owner.encode(), ttl_ms, self._counter_px(ttl_ms)
+        call = _replies.acquire_request(
+            self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        # The script answers with the token (an int) or the holder (a string).
-        if isinstance(reply, int):
-            return LeaseResult(True, owner, reply)
-        if not isinstance(reply, bytes | str):
-            raise self._garbled(key, reply)
+        reply = await self._call(self._send(self._evalsha, call), key)
         try:
-            return LeaseResult(False, _text(reply), None)
-        except UnicodeDecodeError as exc:
-            raise self._garbled(key, reply) from exc
+            return _replies.read_acquire(reply, owner)
+        except _replies.GarbledReply as exc:
+            raise self._garbled(key, exc) from exc
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
-        if self._closed:
-            raise LeaseProviderClosed(backend=_BACKEND)
-        lease = _keys.lease_name(self._prefix, key)
-        value = await self._bounded(self._client.execute_command("GET", lease), key)
-        if value is None:
-            return None
+        command = _replies.owner_request(self._prefix, key)
+        reply = await self._call(self._send(self._client.execute_command, *command), key)
         try:
-            return _parse_value(value)[0]
-        except ValueError as exc:
-            raise self._garbled(key, value) from exc
+            return _replies.read_owner(reply)
+        except _replies.GarbledReply as exc:
+            raise self._garbled(key, exc) from exc
 
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        await self._run(_lua.RELEASE, key, (_keys.lease_name(self._prefix, key),), owner.encode())
+        await self._call(
+            self._send(
+                self._evalsha,
+                _replies.release_request(self._prefix, key, owner, publish=self._publish),
+            ),
+            key,
+        )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        reply = await self._run(
-            _lua.RENEW, key, self._names(key), owner.encode(), ttl_ms, self._counter_px(ttl_ms)
+        call = _replies.renew_request(
+            self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        return bool(reply == 1)
+        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
-        reply = await self._run(
-            _lua.TRANSFER,
+        call = _replies.transfer_request(
+            self._prefix,
             key,
-            self._names(key),
-            from_owner.encode(),
-            to_owner.encode(),
+            from_owner,
+            to_owner,
             ttl_ms,
-            self._counter_px(ttl_ms),
+            counter_ttl_ms=self.counter_ttl_ms,
+            publish=self._publish,
         )
-        return bool(reply == 1)
+        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
 
-    def _garbled(self, key: str, reply: object) -> LeaseBackendError:
-        return LeaseBackendError(
-            f"unexpected data at the lease's Redis key ({reply!r:.80}); is another program "
-            f"writing under the prefix {self.prefix!r}?",
-            backend=_BACKEND,
-            key=key,
-        )
+    # -- waiting without polling -----------------------------------------------------------
+
+    async def watch_release(self, key: str) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer: its channel on the provider's subscriber.
+
+        Expiry publishes nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
+        """
+        validate_key(key)
+        self._refuse_if_closed()
+        if not self._publish:
+            return ReleaseHub().watch(key)  # no channel here: the remaining TTL alone
+        lease = _keys.lease_name(self._prefix, key)
+        return await self._call(self._listener.watch(key, lease), key)
+
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
+        validate_key(key)
+        command = _replies.remaining_request(self._prefix, key)
+        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        return _replies.read_remaining(reply)
+
+    async def break_notifications(self) -> None:
+        """Cut the subscriber connection, as a network failure would (for tests)."""
+        await self._listener.break_connection()
+
+    async def aclose(self) -> None:
+        """Stop listening (waiters are woken), then close as every provider does."""
+        if not self.closed:
+            await self._listener.aclose()
+        await super().aclose()
 
     # -- beyond the contract ------------------------------------------------------------
 
@@ -357,9 +473,8 @@ class RedisLeaseProvider:
         """
         if prefix is not None:
             validate_key(prefix, "prefix")
-        limit = _check_limit(limit)
-        if self._closed:
-            raise LeaseProviderClosed(backend=_BACKEND)
+        limit = _LIMIT.validate(limit)
+        self._refuse_if_closed()
         found = await self._scan(prefix)
         records: list[LeaseRecord] = []
         ordered = sorted(found)
@@ -370,15 +485,15 @@ class RedisLeaseProvider:
                 pipe.get(found[key])
                 pipe.pttl(found[key])
             # Errors come back per command (a foreign key of another type), not raised.
-            replies = await self._bounded(pipe.execute(raise_on_error=False), prefix)
+            replies = await self._call(self._send(pipe.execute, raise_on_error=False), prefix)
             for key, value, remaining in zip(batch, replies[::2], replies[1::2], strict=True):
                 if not isinstance(value, bytes | str) or not isinstance(remaining, int):
                     continue  # not a lease value: not ours, or gone since the scan
                 if remaining <= 0:
                     continue  # expired or released since the scan
                 try:
-                    owner, token = _parse_value(value)
-                except ValueError:
+                    owner, token = _replies.read_lease_value(value)
+                except _replies.GarbledReply:
                     continue  # not ours; inspect reports, it does not judge
                 records.append(LeaseRecord(key, owner, token, remaining))
                 if len(records) == limit:
@@ -393,222 +508,26 @@ class RedisLeaseProvider:
         try:
             while True:
                 try:
-                    name = _raw(await self._bounded(names.__anext__(), prefix))
+                    name = await self._call(self._send(names.__anext__), prefix)
                 except StopAsyncIteration:
                     return found
-                key = _keys.key_from_lease_name(self._prefix, name)
+                raw = name.encode() if isinstance(name, str) else name
+                key = _keys.key_from_lease_name(self._prefix, raw)
                 if key is not None and (prefix is None or key.startswith(prefix)):
-                    found[key] = name
+                    found[key] = raw
         finally:
             aclose = getattr(names, "aclose", None)
             if aclose is not None:
                 await aclose()
 
-    # -- lifecycle ------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Close the client if the provider built it; later operations raise."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._close_client:
-            await self._client.aclose()
-
-    async def __aenter__(self) -> RedisLeaseProvider:
-        # PING now, so a wrong address or password shows up at the `async with`.
-        if self._closed:
-            raise LeaseProviderClosed(backend=_BACKEND)
-        await self._bounded(self._client.execute_command("PING"), None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        state = ", closed" if self._closed else ""
-        return f"RedisLeaseProvider(prefix={self.prefix!r}{self._where()}{state})"
-
-
-class _Watch:
-    """One operation in flight: its task, when it is due, and whether it ran out."""
-
-    __slots__ = ("cancelling", "closed", "deadline", "expired", "task")
-
-    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
-        self.task = task
-        self.deadline = deadline
-        # Cancellations already requested when the operation began (asyncio.timeout's
-        # bookkeeping): a deadline's own cancel is taken back only if it is the one
-        # that arrived, so a cancel from elsewhere still propagates as CancelledError.
-        self.cancelling = 0
-        if sys.version_info >= (3, 11):
-            self.cancelling = task.cancelling()
-        self.closed = False
-        self.expired = False
-
-
-class _Deadlines:
-    """The timeout of every in-flight operation of one provider, on a single timer.
-
-    ``async with asyncio.timeout()`` arms and cancels one timer per call, about 4 us
-    of Python per round trip, one of the two largest costs leasekit added to a raw
-    redis-py call (``leasekit bench``, docs/benchmarks.md). Every operation of a
-    provider has the same ``timeout_s``, so deadlines fall due in the order the
-    operations began: a FIFO of watches, and one timer set for the oldest open one,
-    bound them all. When it fires, it cancels each overdue task, as asyncio.timeout
-    would, and :meth:`close` tells ``_bounded`` to turn that cancellation into
-    :class:`~leasekit.LeaseBackendError`. The semantics are asyncio.timeout's: an
-    end-to-end bound per operation, and a cancellation from elsewhere still wins.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        self._timeout_s = timeout_s
-        self._open: deque[_Watch] = deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def open(self) -> _Watch | None:
-        """Start timing the current task's operation; None where ``wait_for`` must do it."""
-        if sys.version_info < (3, 11):
-            return None  # Task.uncancel(), needed to take a cancellation back, is 3.11+
-        task = asyncio.current_task()
-        if task is None:
-            return None
-        loop = task.get_loop()
-        if loop is not self._loop:  # first use, or the provider now runs on another loop
-            self._loop, self._open, self._timer = loop, deque(), None
-        watch = _Watch(task, loop.time() + self._timeout_s)
-        self._open.append(watch)
-        if self._timer is None:
-            self._timer = loop.call_at(watch.deadline, self._expire, loop)
-        return watch
-
-    def close(self, watch: _Watch) -> bool:
-        """End ``watch`` (idempotent); True if its deadline alone cancelled the task."""
-        if watch.closed:
-            return False
-        watch.closed = True
-        pending = self._open
-        while pending and pending[0].closed:
-            pending.popleft()
-        if sys.version_info >= (3, 11) and watch.expired:
-            return watch.task.uncancel() <= watch.cancelling
-        return False
-
-    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
-        if loop is not self._loop:
-            return  # a timer left on a loop the provider no longer runs on
-        self._timer = None
-        now = loop.time()
-        pending = self._open
-        while pending and (pending[0].closed or pending[0].deadline <= now):
-            watch = pending.popleft()
-            if not watch.closed:
-                watch.expired = True
-                watch.task.cancel()
-        if pending:
-            self._timer = loop.call_at(pending[0].deadline, self._expire, loop)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _raw(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
-def _parse_value(value: bytes | str) -> tuple[str, int]:
-    """Split a lease value ``b"<token> <owner>"`` into ``(owner, token)``."""
-    token, sep, owner = _raw(value).partition(b" ")
-    if not sep or not owner or not token.isdigit():
-        raise ValueError(f"not a lease value: {value!r:.80}")
-    return owner.decode(), int(token)
-
-
-def _check_prefix(prefix: object) -> bytes:
-    if not isinstance(prefix, str):
-        raise InvalidLeaseArgument.for_argument(
-            "prefix", f"must be a str, got {type(prefix).__name__}"
-        )
-    if "{" in prefix or "}" in prefix:
-        raise InvalidLeaseArgument.for_argument(
-            "prefix",
-            f"must not contain '{{' or '}}' (leasekit puts the Redis Cluster hash tag "
-            f"after the prefix), got {prefix!r}",
-        )
-    try:
-        raw = prefix.encode()
-    except UnicodeEncodeError:
-        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
-    if len(raw) > _MAX_PREFIX_BYTES:
-        raise InvalidLeaseArgument.for_argument(
-            "prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes"
-        )
-    return raw
-
-
-def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidLeaseArgument.for_argument("limit", f"must be an int >= 1, got {limit!r}")
-    return limit
-
-
-def _check_timeout(timeout_s: object) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-        raise InvalidLeaseArgument.for_argument("timeout_s", f"must be a number, got {timeout_s!r}")
-    if not 0 < timeout_s <= 3600:
-        raise InvalidLeaseArgument.for_argument(
-            "timeout_s", f"must be in (0, 3600], got {timeout_s!r}"
-        )
-    return float(timeout_s)
-
-
-def _check_counter_ttl(counter_ttl_ms: object) -> int | None:
-    if counter_ttl_ms is None:
-        return None
-    if isinstance(counter_ttl_ms, bool) or not isinstance(counter_ttl_ms, int):
-        raise InvalidLeaseArgument.for_argument(
-            "counter_ttl_ms",
-            f"must be an int number of milliseconds or None, got {counter_ttl_ms!r}",
-        )
-    if not 1 <= counter_ttl_ms <= _MAX_COUNTER_TTL_MS:
-        raise InvalidLeaseArgument.for_argument(
-            "counter_ttl_ms",
-            f"must be between 1 and {_MAX_COUNTER_TTL_MS} milliseconds (or None: keep "
-            f"forever), got {counter_ttl_ms}",
-        )
-    return counter_ttl_ms
-
-
-def _coerce_option(name: str, value: str) -> Any:
-    try:
-        if name == "timeout_s":
-            return float(value)
-        if name == "counter_ttl_ms":
-            return None if value.lower() in ("none", "") else int(value)
-    except ValueError:
-        raise InvalidLeaseArgument.for_argument(name, f"must be a number, got {value!r}") from None
-    if name == "cluster":
-        flag = value.lower()
-        if flag in ("true", "yes", "1"):
-            return True
-        if flag in ("false", "no", "0", ""):
-            return False
-        raise InvalidLeaseArgument.for_argument(name, f"must be true or false, got {value!r}")
-    return value
-
-
-def _redact(url: str) -> str:
-    """``url`` with any password replaced, fit for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+def _server_of(client: RedisClient) -> str:
+    """``host:port`` of the client's server (a cluster's first startup node), for messages."""
+    if isinstance(client, redis.asyncio.RedisCluster):
+        return next(iter(client.nodes_manager.startup_nodes), "")
+    kwargs = client.connection_pool.connection_kwargs
+    if "host" in kwargs:
+        return f"{kwargs['host']}:{kwargs.get('port', _DEFAULT_PORT)}"
+    if "path" in kwargs:
+        return redact_url(str(kwargs["path"]))
+    return ""

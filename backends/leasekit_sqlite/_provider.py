@@ -116,7 +116,7 @@ class SQLiteLeaseProvider(BackendProvider):
     """
 
     backend: ClassVar[str] = _BACKEND
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities: Capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
         ttl_resolution_ms=1,
@@ -387,6 +387,20 @@ class SQLiteLeaseProvider(BackendProvider):
         params = _sql.key_params(key)
         return await self._run(
             lambda conn: _sql.holder_from(conn.execute(_sql.OWNER, params).fetchone()),
+            key,
+            write=False,
+        )
+
+    async def lease_remaining_ms(self, key: str) -> int | None:
+        """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
+
+        SQLite has no way to tell other processes about a release, so waiters poll; with
+        this they never sleep past a holder's expiry (``leasekit.backend.SupportsRemaining``).
+        """
+        validate_key(key)
+        params = _sql.key_params(key)
+        return await self._run(
+            lambda conn: _sql.remaining_from(conn.execute(_sql.REMAINING, params).fetchone()),
             key,
             write=False,
         )

@@ -131,6 +131,12 @@ INSPECT = f"""
 
 COUNT_ROWS = "SELECT COUNT(*) FROM leasekit_leases"
 
+# :key. The live lease's remaining milliseconds, so waiters sleep exactly until expiry.
+REMAINING = f"""
+    SELECT expires_at_ms - {NOW_MS} FROM leasekit_leases
+    WHERE key = :key AND expires_at_ms > {NOW_MS}
+"""
+
 
 # -- reading the replies: pure functions, no connection in sight --------------------------
 # The statements above are "the request to send"; these say how to read what comes back,
@@ -157,6 +163,11 @@ def denied(holder_row: Row | None) -> LeaseResult:
 def holder_from(row: Row | None) -> str | None:
     """OWNER's reply: the live holder, or ``None`` when the key is free or expired."""
     return None if row is None else bytes(row[0]).decode()
+
+
+def remaining_from(row: Row | None) -> int | None:
+    """REMAINING's reply: milliseconds left on the live lease, ``None`` when free."""
+    return None if row is None else max(1, int(row[0]))
 
 
 def changed(rowcount: int) -> bool:

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 import pytest
@@ -19,6 +20,7 @@ __all__ = [
     "ContractBase",
     "KeySpace",
     "ProviderFactory",
+    "ShortLease",
     "Timing",
     "check_denied",
     "check_granted",
@@ -26,6 +28,7 @@ __all__ = [
     "require_factory",
     "run_concurrently",
     "token_of",
+    "with_short_lease",
 ]
 
 URL_KEY = pytest.StashKey[str]()
@@ -39,6 +42,10 @@ SHORT_TTL_MS = 100
 
 LONG_TTL_MS = 60_000
 """The TTL of leases that must not expire during a test."""
+
+SHORT_LEASE_ATTEMPTS = 4
+"""How often a check that needs a short lease to outlast its next calls is tried, with a
+TTL four times longer each time, before it is skipped as too slow to judge."""
 
 CLOCK_TOLERANCE_S = 0.002
 """How much earlier than its TTL a lease may end: a store that keeps times as whole
@@ -282,3 +289,62 @@ async def expect_expiry(
             f"{timing.caps.ttl_resolution_ms})"
         )
         await anyio.sleep(min(timing.poll_s, max(0.0, free_by - time.monotonic()) + 0.001))
+
+
+_T = TypeVar("_T")
+
+
+class _TooSlow(Exception):
+    """A call answered after the short lease it relied on may already have expired."""
+
+
+class ShortLease:
+    """One try of a check that needs a short lease to stay live across its next calls.
+
+    A test granted a lease with ``ttl_ms`` (this try's TTL, at least the suite's short
+    TTL), calls :meth:`granted` with the time its grant began, and wraps each later call
+    that relies on the lease being live in :meth:`live`. An answer that arrives after
+    the lease may have run out proves nothing about the backend, so :meth:`live`
+    abandons the try instead of returning it; :func:`with_short_lease` then tries again.
+    """
+
+    def __init__(self, timing: Timing, ttl_ms: int, attempt: int) -> None:
+        self.timing = timing
+        self.ttl_ms = ttl_ms
+        self.attempt = attempt
+        self._live_until: float | None = None
+
+    def granted(self, started: float) -> None:
+        """The lease was granted (or its TTL set) by a call that began at ``started``."""
+        self._live_until = started + self.timing.effective_s(self.ttl_ms) - CLOCK_TOLERANCE_S
+
+    async def live(self, call: Awaitable[_T]) -> _T:
+        """Await ``call``; its answer, if it arrived while the lease was surely live."""
+        assert self._live_until is not None, "call granted() before live()"
+        result = await call
+        if time.monotonic() >= self._live_until:
+            raise _TooSlow
+        return result
+
+
+async def with_short_lease(timing: Timing, check: Callable[[ShortLease], Awaitable[None]]) -> None:
+    """Run ``check`` until one try finishes with its short lease live throughout.
+
+    The first try uses the suite's short TTL; each try abandoned because a call answered
+    too late (a loaded machine, a stalled store) runs again, on fresh keys, with a TTL
+    four times longer. After :data:`SHORT_LEASE_ATTEMPTS` such tries the test is
+    skipped: a slow machine must not fail a correct backend. ``check`` must take fresh
+    keys on every call (a new :class:`KeySpace`).
+    """
+    ttl_ms = timing.short_ttl_ms
+    for attempt in range(SHORT_LEASE_ATTEMPTS):
+        try:
+            await check(ShortLease(timing, ttl_ms, attempt))
+        except _TooSlow:
+            ttl_ms *= 4
+            continue
+        return
+    pytest.skip(
+        f"too slow to judge: in {SHORT_LEASE_ATTEMPTS} tries (TTLs up to {ttl_ms // 4} ms), "
+        "a call that needed the lease to be live answered after it may have expired"
+    )

@@ -192,6 +192,8 @@ _SCHEMES: dict[str, str | SchemeBench] = {
     "sqlite": "leasekit._bench._sqlite:BENCH",
     "etcd": "leasekit._bench._etcd:BENCH",
     "etcds": "leasekit._bench._etcd:BENCH",
+    "mysql": "leasekit_mysql._bench:BENCH",
+    "mariadb": "leasekit_mysql._bench:BENCH",
 }
 
 

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 __all__ = ["BENCH"]
 
-# leasekit's own URL options; the driver would reject them.
-_LEASEKIT_OPTIONS = frozenset({"prefix", "timeout_s", "counter_ttl_ms", "cluster"})
+# leasekit's own URL options: the driver would reject them, or (max_connections, which
+# sizes leasekit's blocking pool) read them differently, failing at once when a
+# non-blocking pool is full; the floor and the peers keep their drivers' defaults.
+_LEASEKIT_OPTIONS = frozenset(
+    {"prefix", "timeout_s", "counter_ttl_ms", "cluster", "max_connections"}
+)
 
 # KEYS: the lock. ARGV: the owner. Deletes the key only while ARGV[1] holds it, so a
 # late release never frees someone else's lock; the check and the delete are one step.

@@ -47,8 +47,10 @@ _CLOSE_FLOOR_S = 0.2
 class BackendProvider:
     """Base class for lease backends: lifecycle, deadlines and error mapping, once.
 
-    Subclasses set :attr:`backend` (the name in messages), :attr:`capabilities` and
-    :attr:`errors` (an :class:`~leasekit.backend.ErrorMap`), call
+    Subclasses set :attr:`backend` (the name in messages), :attr:`capabilities` (on the
+    class, what the backend can promise; an instance may narrow it, for instance when
+    an option turns notifications off) and :attr:`errors` (an
+    :class:`~leasekit.backend.ErrorMap`), call
     ``super().__init__(timeout_s=..., owns_client=...)``, implement the five contract
     methods with :meth:`_call`, and override :meth:`_connect`, :meth:`_close_client`,
     :meth:`_describe` and :meth:`_where` as needed. Inheriting is optional for a
@@ -56,7 +58,7 @@ class BackendProvider:
     """
 
     backend: ClassVar[str] = "backend"
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
     errors: ClassVar[ErrorMap] = ErrorMap({}, backend="backend")
 
     def __init__(self, *, timeout_s: float, owns_client: bool) -> None:

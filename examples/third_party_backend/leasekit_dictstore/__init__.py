@@ -156,7 +156,7 @@ class DictLeaseProvider(BackendProvider):
     # Declared once, as data: the suite checks each guarantee declared here. Expiry is
     # decided by time.monotonic() of this process, and nothing is shared with other
     # processes, so the other capabilities keep their conservative defaults.
-    capabilities: ClassVar[Capabilities] = Capabilities(atomic_transfer=True, fencing=True)
+    capabilities: Capabilities = Capabilities(atomic_transfer=True, fencing=True)
     # A dict raises nothing a driver would; a networked backend lists its driver's
     # exceptions here, such as {DriverTimeout: leasekit.LeaseBackendTimeout}.
     errors: ClassVar[ErrorMap] = ErrorMap({}, backend="dictstore")

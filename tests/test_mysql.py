@@ -1,0 +1,718 @@
+"""The MySQL/MariaDB backend beyond the conformance suite (``test_contract_mysql.py``).
+
+URLs and options, the schema and ``leasekit migrate``, binary-safe keys under no
+collation, the server's clock (a statement that waited on a row lock still grants a
+full TTL; sessions in other time zones agree), fencing across row deletion and
+restarts for both token sources, the sweep, callers' pools, and faults: a killed
+connection, a paused server, a restarted one.
+
+Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scenarios import LONG_MS, exercise_every_operation
+from servers import MariaDBServer, free_port, missing_extra
+
+import leasekit
+
+try:
+    import asyncmy
+    from asyncmy.connection import Connection
+except ImportError:  # pragma: no cover (depends on the environment)
+    missing_extra("mysql", "the MySQL tests")
+
+from leasekit_mysql import MySQLLeaseProvider
+
+from leasekit.backend import parse_url
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+SLACK_S = 5.0  # how much later than its timeout a call may fail, on a loaded machine
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+async def eventually(predicate: Callable[[], Any], what: str) -> None:
+    """Await ``predicate()`` until it is true; fail after a limit only a hung test reaches."""
+    deadline = time.monotonic() + 10
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def connect_admin(url: str, **kwargs: Any) -> Connection:
+    parsed = parse_url(url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+    return await asyncmy.connect(
+        host=endpoint.host,
+        port=endpoint.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        autocommit=True,
+        **kwargs,
+    )
+
+
+@asynccontextmanager
+async def admin(url: str) -> AsyncIterator[Any]:
+    """A cursor on a connection of the test's own, outside the code under test."""
+    conn = await connect_admin(url)
+    try:
+        async with conn.cursor() as cursor:
+            yield cursor
+    finally:
+        conn.close()
+
+
+async def one(cursor: Any, statement: str, args: Any = None) -> Any:
+    await cursor.execute(statement, args)
+    row = await cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def quoted(table: str) -> str:
+    return ".".join(f"`{part}`" for part in table.split("."))
+
+
+def with_query(url: str, **params: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leasekit", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+async def skip_unless_mariadb(mysql_url: str) -> None:
+    """Skip on MySQL (a ``$LEASEKIT_TEST_MYSQL_URL`` server): the test needs sequences."""
+    async with admin(mysql_url) as cursor:
+        version = str(await one(cursor, "SELECT VERSION()"))
+    if "mariadb" not in version.lower():
+        pytest.skip(f"needs MariaDB's sequences; the server is MySQL {version}")
+
+
+@pytest.fixture
+async def provider(mysql_url: str, mysql_table: str) -> AsyncIterator[MySQLLeaseProvider]:
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as p:
+        yield p
+
+
+# -- URLs and options ----------------------------------------------------------------------
+
+
+def test_entry_points_declare_both_schemes_with_the_mysql_extra() -> None:
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    found = {ep.name: ep.value for ep in entry_points(group="leasekit.backends")}
+    assert found["mysql"] == "leasekit_mysql:MySQLLeaseProvider [mysql]"
+    assert found["mariadb"] == "leasekit_mysql:MySQLLeaseProvider [mysql]"
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "mariadb"])
+async def test_connect_builds_a_provider_without_io(scheme: str) -> None:
+    port = free_port()  # nothing listens: any I/O would fail
+    provider = leasekit.connect(f"{scheme}://u:secret@127.0.0.1:{port}/db?table=t&timeout_s=2")
+    assert isinstance(provider, MySQLLeaseProvider)
+    assert provider.table == "t"
+    assert provider.timeout_s == 2.0
+    assert provider.client is None
+    assert "secret" not in repr(provider)
+    await provider.aclose()
+
+
+async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
+    provider = MySQLLeaseProvider.from_url(
+        "mysql://h/db?sweep_every=7&sweep_batch=9&create_schema=off&tokens=clock&table=a",
+        table="db2.b",
+        sweep_grace_s=60,
+    )
+    assert (provider.table, provider.sweep_every, provider.sweep_batch) == ("db2.b", 7, 9)
+    assert (provider.create_schema, provider.tokens, provider.sweep_grace_s) == (
+        False,
+        "clock",
+        60.0,
+    )
+    await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "argument"),
+    [
+        ("mysql://h/db?colour=red", {}, "url"),
+        ("mysql://h/db", {"colour": "red"}, "options"),
+        ("mysql://h/db?table=1bad", {}, "table"),
+        ("mysql://h/db", {"table": "a.b.c"}, "table"),
+        ("mysql://h/db", {"table": "x" * 49}, "table"),
+        ("mysql://h/db", {"tokens": "random"}, "tokens"),
+        ("mysql://h/db?timeout_s=0", {}, "timeout_s"),
+        ("mysql://h/db?sweep_grace_s=1", {}, "sweep_grace_s"),
+        ("mysql://h/db?pool_min_size=5&pool_max_size=2", {}, "pool_max_size"),
+        ("mysql://a,b/db", {}, "url"),
+        ("postgresql://h/db", {}, "url"),
+    ],
+)
+def test_bad_urls_and_options_name_the_problem(
+    url: str, options: dict[str, Any], argument: str
+) -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        MySQLLeaseProvider.from_url(url, **options)
+    assert info.value.argument == argument
+
+
+def test_errors_about_a_url_never_show_its_password() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        MySQLLeaseProvider.from_url("mysql://user:hunter2@h/db?colour=red")
+    assert "hunter2" not in str(info.value)
+
+
+async def test_an_unreachable_server_fails_at_async_with_within_the_timeout() -> None:
+    provider = MySQLLeaseProvider.from_url(f"mysql://root@127.0.0.1:{free_port()}/db?timeout_s=1")
+    started = time.monotonic()
+    with pytest.raises(leasekit.LeaseBackendUnreachable):
+        async with provider:
+            pass
+    assert time.monotonic() - started < 1 + SLACK_S
+
+
+async def test_a_wrong_password_is_unreachable_and_never_shown(mysql_url: str) -> None:
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"))
+    endpoint = parsed.endpoints[0]
+    url = f"mysql://nobody_here:hunter2@{endpoint}/mysql"
+    with pytest.raises(leasekit.LeaseBackendUnreachable) as info:
+        async with MySQLLeaseProvider.from_url(url):
+            pass
+    assert "hunter2" not in str(info.value)
+
+
+async def test_a_client_that_is_not_asyncmy_is_refused() -> None:
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        MySQLLeaseProvider(object())  # type: ignore[arg-type]
+    assert info.value.argument == "client"
+
+
+# -- the schema ---------------------------------------------------------------------------------
+
+
+async def test_first_use_creates_table_sequence_and_meta(
+    provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str
+) -> None:
+    await skip_unless_mariadb(mysql_url)
+    assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+    database, name = mysql_table.split(".")
+    async with admin(mysql_url) as cursor:
+        await cursor.execute(
+            "SELECT table_name, table_type FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name LIKE %s",
+            (database, f"{name}%"),
+        )
+        kinds = dict(await cursor.fetchall())
+        meta_table = quoted(f"{mysql_table}_meta")
+        await cursor.execute(f"SELECT name, value FROM {meta_table}")
+        meta = dict(await cursor.fetchall())
+        await cursor.execute(
+            "SELECT column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = %s",
+            (database, name),
+        )
+        columns = dict(await cursor.fetchall())
+    assert kinds == {
+        name: "BASE TABLE",
+        f"{name}_meta": "BASE TABLE",
+        f"{name}_token_seq": "SEQUENCE",
+    }
+    assert meta == {"schema_version": 1, "tokens": 1}
+    assert columns["lease_key"] == columns["owner"] == "varbinary"
+    assert columns["expires_at"] == "datetime"
+
+
+async def test_clock_tokens_need_no_sequence(mysql_url: str, mysql_table: str) -> None:
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, tokens="clock") as p:
+        token = (await p.acquire_lease("k", "a", LONG_MS)).token
+        assert token is not None
+        assert token > 1_600_000_000 * 1_000_000  # microseconds since the epoch
+    database, name = mysql_table.split(".")
+    async with admin(mysql_url) as cursor:
+        count = await one(
+            cursor,
+            "SELECT COUNT(*) FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = %s",
+            (database, f"{name}_token_seq"),
+        )
+    assert count == 0
+    # The table keeps its source: asking for the other one is refused, auto follows it.
+    with pytest.raises(leasekit.LeaseBackendError, match="token source"):
+        async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, tokens="sequence"):
+            pass
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as p:
+        again = await p.acquire_lease("k", "b", LONG_MS)
+        assert again == leasekit.LeaseResult(False, "a", None)
+
+
+async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
+    mysql_url: str, mysql_table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, create_schema=False)
+    with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
+        await provider.acquire_lease("k", "a", LONG_MS)
+    assert await provider.migrate() == 1
+    assert await provider.migrate() == 1  # idempotent, and quiet: no notes to fetch and log
+    assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+    await provider.aclose()
+    assert not [r for r in caplog.records if r.levelno >= 30], caplog.records
+
+
+async def test_a_newer_schema_version_is_refused(mysql_url: str, mysql_table: str) -> None:
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as p:
+        await p.migrate()
+    async with admin(mysql_url) as cursor:
+        meta = quoted(f"{mysql_table}_meta")
+        await cursor.execute(f"UPDATE {meta} SET value = 99 WHERE name = 'schema_version'")
+    with pytest.raises(leasekit.LeaseBackendError, match="upgrade leasekit"):
+        async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table):
+            pass
+
+
+async def test_many_providers_creating_one_table_at_once_all_succeed(
+    mysql_url: str, mysql_table: str
+) -> None:
+    providers = [MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) for _ in range(6)]
+    try:
+        results = await asyncio.gather(
+            *(p.acquire_lease("k", f"o{i}", LONG_MS) for i, p in enumerate(providers))
+        )
+        assert sum(r.acquired for r in results) == 1
+    finally:
+        for p in providers:
+            await p.aclose()
+
+
+def test_leasekit_migrate_creates_the_schema_up_front(mysql_url: str, mysql_table: str) -> None:
+    url = with_query(mysql_url, table=mysql_table, create_schema="false")
+    done = run_cli("migrate", url)
+    assert done.returncode == 0, done.stderr
+    assert run_cli("migrate", url).returncode == 0  # idempotent
+    done = run_cli("acquire", url, "k", "a", "--ttl-ms", "60000")
+    assert done.returncode == 0, done.stderr
+
+
+# -- keys, owners, inspect ----------------------------------------------------------------------
+
+AWKWARD_KEYS = [
+    "plain",
+    "resource\0thread",
+    "\0",
+    "\0\0",
+    "trailing\0",
+    "trailing space ",
+    "emoji 🎉 and 中文",
+    "quote ' and \" and \\ and %s and %(key)s",
+    "space and\ttab\nnewline",
+    "x" * 1024,
+    "é" * 512,  # 1024 bytes
+    "🎉" * 256,  # 1024 bytes of four-byte characters (utf8mb3 could not hold them)
+]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS, ids=range(len(AWKWARD_KEYS)))
+async def test_awkward_keys_and_owners_round_trip(provider: MySQLLeaseProvider, key: str) -> None:
+    owner = key[::-1]
+    granted = await provider.acquire_lease(key, owner, LONG_MS)
+    assert granted.acquired
+    assert await provider.get_lease_owner(key) == owner
+    assert await provider.acquire_lease(key, "other", LONG_MS) == leasekit.LeaseResult(
+        False, owner, None
+    )
+    [record] = await provider.inspect(key)
+    assert (record.key, record.owner, record.token) == (key, owner, granted.token)
+
+
+async def test_no_collation_folds_case_trailing_spaces_or_nul(provider: MySQLLeaseProvider) -> None:
+    keys = ["a", "A", "a ", "a\0", "á", "ä"]
+    for i, key in enumerate(keys):
+        assert (await provider.acquire_lease(key, f"o{i}", LONG_MS)).acquired, key
+    for i, key in enumerate(keys):
+        assert await provider.get_lease_owner(key) == f"o{i}"
+    # Owners too: "x" does not hold what "X" or "x " holds.
+    assert (await provider.acquire_lease("owned", "x", LONG_MS)).acquired
+    assert not await provider.renew_lease("owned", "X", LONG_MS)
+    assert not await provider.renew_lease("owned", "x ", LONG_MS)
+    await provider.release_lease("owned", "X")
+    assert await provider.get_lease_owner("owned") == "x"
+
+
+async def test_inspect_filters_by_prefix_orders_and_limits(provider: MySQLLeaseProvider) -> None:
+    for key in ["b/2", "a/1", "b/1", "c", "b\0"]:
+        await provider.acquire_lease(key, "o", LONG_MS)
+    await provider.acquire_lease("b/gone", "o", LONG_MS)
+    await provider.release_lease("b/gone", "o")
+    assert [r.key for r in await provider.inspect()] == ["a/1", "b\0", "b/1", "b/2", "c"]
+    assert [r.key for r in await provider.inspect("b/")] == ["b/1", "b/2"]
+    assert [r.key for r in await provider.inspect(limit=2)] == ["a/1", "b\0"]
+    assert all(0 < r.remaining_ms <= LONG_MS for r in await provider.inspect())
+
+
+# -- the server's clock ---------------------------------------------------------------------------
+
+
+async def lock_waits(url: str) -> int:
+    async with admin(url) as cursor:
+        count = await one(
+            cursor,
+            "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+        )
+    return int(count)
+
+
+@pytest.mark.parametrize("who", ["same owner", "takeover"])
+async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
+    provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str, who: str
+) -> None:
+    ttl_ms = 5000
+    first = await provider.acquire_lease("k", "a", LONG_MS if who == "same owner" else 1)
+    owner = "a" if who == "same owner" else "b"
+    locker = await connect_admin(mysql_url)
+    try:
+        async with locker.cursor() as cursor:
+            await cursor.execute("BEGIN")
+            await cursor.execute(
+                f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
+            )
+            task = asyncio.ensure_future(provider.acquire_lease("k", owner, ttl_ms))
+            await eventually(lambda: _waiting(mysql_url), "the acquire to wait for the row lock")
+            await asyncio.sleep(0.3)  # let it wait a while: NOW(6) would fall behind by this
+            unlocked_at = await one(cursor, "SELECT UTC_TIMESTAMP(6)")
+            await cursor.execute("COMMIT")
+        result = await task
+    finally:
+        locker.close()
+    assert result.acquired
+    if who == "same owner":
+        assert result.token == first.token
+    else:
+        assert first.token is not None
+        assert result.token is not None
+        assert result.token > first.token
+    async with admin(mysql_url) as cursor:
+        expires_at = await one(
+            cursor, f"SELECT expires_at FROM {quoted(mysql_table)} WHERE lease_key = 'k'"
+        )
+    # Times the server observed: the lease runs a full TTL from after the wait ended.
+    assert expires_at >= unlocked_at + datetime.timedelta(milliseconds=ttl_ms)
+
+
+async def _waiting(url: str) -> bool:
+    return await lock_waits(url) > 0
+
+
+async def test_sessions_in_other_time_zones_agree_on_expiry(
+    mysql_url: str, mysql_table: str
+) -> None:
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+
+    async def pool_in(zone: str) -> Any:
+        return await asyncmy.create_pool(
+            host=endpoint.host,
+            port=endpoint.port,
+            user=parsed.username,
+            password=parsed.password or "",
+            autocommit=True,
+            init_command=f"SET time_zone = '{zone}'",
+        )
+
+    east, west = await pool_in("+05:00"), await pool_in("-07:00")
+    p_east = MySQLLeaseProvider(east, table=mysql_table)
+    p_west = MySQLLeaseProvider(west, table=mysql_table)
+    try:
+        assert (await p_east.acquire_lease("k", "east", 300)).acquired
+        assert await p_west.get_lease_owner("k") == "east"
+        [record] = await p_west.inspect()
+        assert 0 < record.remaining_ms <= 300
+
+        async def west_takes_over() -> bool:
+            return (await p_west.acquire_lease("k", "west", LONG_MS)).acquired
+
+        await eventually(west_takes_over, "the lease to expire for the other session")
+        assert await p_east.get_lease_owner("k") == "west"
+    finally:
+        await p_east.aclose()
+        await p_west.aclose()
+        for pool in (east, west):
+            pool.close()
+            await pool.wait_closed()
+
+
+# -- fencing tokens and the sweep ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", ["sequence", "clock"])
+async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
+    mysql_url: str, mysql_table: str, tokens: str
+) -> None:
+    if tokens == "sequence":
+        await skip_unless_mariadb(mysql_url)
+    async with MySQLLeaseProvider.from_url(
+        mysql_url,
+        table=mysql_table,
+        tokens=tokens,
+        timeout_s=0.2,
+        sweep_grace_s=0.3,
+        sweep_every=0,
+    ) as p:
+        old = [await p.acquire_lease(f"old{i}", "a", 1) for i in range(5)]
+        await p.acquire_lease("live", "a", LONG_MS)
+        assert await p.sweep() == 0  # expired, but not for longer than the grace period
+        deleted = 0
+
+        async def swept_all() -> bool:
+            nonlocal deleted
+            deleted += await p.sweep()
+            return deleted >= 5
+
+        await eventually(swept_all, "the sweep to reclaim the expired rows")
+        assert deleted == 5
+        assert await p.row_count() == 1
+        assert await p.get_lease_owner("live") == "a"
+        again = await p.acquire_lease("old0", "b", LONG_MS)  # a new row for a swept key
+        assert again.token is not None
+        assert all(r.token is not None and again.token > r.token for r in old)
+
+
+async def test_background_sweeps_keep_the_table_bounded(mysql_url: str, mysql_table: str) -> None:
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, timeout_s=0.2, sweep_grace_s=0.3, sweep_every=10
+    ) as p:
+        for i in range(40):
+            await p.acquire_lease(f"k{i}", "a", 1)
+        await asyncio.sleep(0.4)
+
+        async def bounded() -> bool:
+            await p.acquire_lease("churn", "a", 1)
+            return await p.row_count() < 20
+
+        await eventually(bounded, "background sweeps to delete the old rows")
+
+
+# -- callers' clients ---------------------------------------------------------------------------
+
+
+async def test_a_callers_pool_is_used_and_never_closed(mysql_url: str, mysql_table: str) -> None:
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+    pool = await asyncmy.create_pool(
+        host=endpoint.host, port=endpoint.port, user=parsed.username, autocommit=True
+    )
+    try:
+        async with MySQLLeaseProvider(pool, table=mysql_table) as p:
+            assert p.client is pool
+            await exercise_every_operation(p, "k")
+        async with pool.acquire() as conn, conn.cursor() as cursor:
+            assert await one(cursor, "SELECT 1") == 1
+    finally:
+        pool.close()
+        await pool.wait_closed()
+
+
+async def test_a_built_pool_is_closed_by_aclose(mysql_url: str, mysql_table: str) -> None:
+    p = MySQLLeaseProvider.from_url(mysql_url, table=mysql_table)
+    await p.acquire_lease("k", "a", LONG_MS)
+    pool = p.client
+    assert pool is not None
+    await p.aclose()
+    with pytest.raises(leasekit.LeaseProviderClosed):
+        await p.get_lease_owner("k")
+    with pytest.raises(RuntimeError):
+        await pool.acquire()  # type: ignore[union-attr]
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+async def test_killed_connections_are_replaced_without_surfacing(
+    mysql_url: str, mysql_table: str
+) -> None:
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, pool_max_size=2, pool_min_size=2
+    ) as p:
+        await p.acquire_lease("k", "a", LONG_MS)
+        pool = p.client
+        assert pool is not None
+        conns = [await pool.acquire(), await pool.acquire()]  # type: ignore[union-attr]
+        ids = []
+        for conn in conns:
+            async with conn.cursor() as cursor:
+                ids.append(await one(cursor, "SELECT CONNECTION_ID()"))
+            pool.release(conn)  # type: ignore[union-attr]
+        async with admin(mysql_url) as cursor:
+            for thread_id in ids:
+                await cursor.execute(f"KILL CONNECTION {int(thread_id)}")
+        assert await p.get_lease_owner("k") == "a"
+        assert (await p.acquire_lease("k", "a", LONG_MS)).acquired
+        await exercise_every_operation(p, "after-kill")
+
+
+async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recovers(
+    mysql_url: str, mysql_table: str
+) -> None:
+    timeout_s = 0.5
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, timeout_s=timeout_s) as p:
+        await p.acquire_lease("k", "a", LONG_MS)
+        locker = await connect_admin(mysql_url)
+        try:
+            async with locker.cursor() as cursor:
+                await cursor.execute("BEGIN")
+                await cursor.execute(
+                    f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
+                )
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendTimeout) as info:
+                    await p.renew_lease("k", "a", LONG_MS)
+                assert time.monotonic() - started < timeout_s + SLACK_S
+                assert info.value.key == "k"
+                await cursor.execute("COMMIT")
+        finally:
+            locker.close()
+        await exercise_every_operation(p, "after-stall")
+
+
+@pytest.mark.slow
+async def test_a_paused_server_is_a_timeout_within_the_timeout_then_recovers(
+    private_mariadb_server: MariaDBServer,
+) -> None:
+    timeout_s = 0.5
+    server = private_mariadb_server
+    async with MySQLLeaseProvider.from_url(server.url, timeout_s=timeout_s) as p:
+        assert (await p.acquire_lease("k", "a", LONG_MS)).acquired
+        server.pause()
+        try:
+            for call in (
+                p.acquire_lease("k", "a", LONG_MS),
+                p.get_lease_owner("k"),
+                p.transfer_lease("k", "a", "b", LONG_MS),
+            ):
+                started = time.monotonic()
+                with pytest.raises(leasekit.LeaseBackendTimeout) as info:
+                    await call
+                assert time.monotonic() - started < timeout_s + SLACK_S
+                assert info.value.key == "k"
+        finally:
+            server.resume()
+        assert await p.get_lease_owner("k") in ("a", "b")
+        await exercise_every_operation(p, "after-pause")
+        server.pause()
+        try:
+            started = time.monotonic()
+            await p.aclose()  # bounded even with the server frozen
+            assert time.monotonic() - started < timeout_s + SLACK_S
+        finally:
+            server.resume()
+
+
+@pytest.mark.slow
+async def test_tokens_keep_increasing_across_restarts_and_deleted_rows(
+    private_mariadb_server: MariaDBServer,
+) -> None:
+    server = private_mariadb_server
+    sources = ("sequence", "clock")
+    providers = {
+        tokens: MySQLLeaseProvider.from_url(server.url, table=f"t_{tokens}", tokens=tokens)
+        for tokens in sources
+    }
+    try:
+        first = {t: await p.acquire_lease("k", "a", LONG_MS) for t, p in providers.items()}
+        server.kill()
+        with pytest.raises(leasekit.LeaseBackendError):
+            await providers["sequence"].acquire_lease("k", "a", LONG_MS)
+        server.restart()  # on the same port: every pooled connection died with the server
+        seen = {t: r.token for t, r in first.items()}
+        for tokens, p in providers.items():
+            assert await p.get_lease_owner("k") == "a"  # persistent
+            assert (await p.acquire_lease("k", "a", LONG_MS)).token == seen[tokens]
+            await p.release_lease("k", "a")
+        server.restart()
+        for tokens, p in providers.items():
+            again = await p.acquire_lease("k", "b", LONG_MS)
+            assert again.token is not None
+            assert again.token > seen[tokens]
+            seen[tokens] = again.token
+        async with admin(server.url) as cursor:  # every row gone, as a sweep would leave it
+            for tokens in sources:
+                await cursor.execute(f"DELETE FROM mysql.t_{tokens}")
+        server.restart()
+        for tokens, p in providers.items():
+            fresh = await p.acquire_lease("k", "c", LONG_MS)
+            assert fresh.token is not None
+            assert fresh.token > seen[tokens], tokens
+            await exercise_every_operation(p, "after-restarts")
+    finally:
+        for p in providers.values():
+            await p.aclose()
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_bench_measures_leasekit_the_asyncmy_floor_and_tooz(
+    mysql_url: str, mysql_database: str
+) -> None:
+    import importlib.util  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    url = with_query(mysql_url, table=f"{mysql_database}.bench_leases")
+    done = await asyncio.to_thread(
+        run_cli, "bench", url, "--seconds", "0.3", "--scenarios", "single", "contended", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["server"].startswith("MariaDB ") or report["server"].startswith("MySQL ")
+    tooz = all(importlib.util.find_spec(module) for module in ("tooz", "pymysql"))
+    measured = {(r["contender"], r["scenario"]): r for r in report["results"]}
+    assert {contender for contender, _ in measured} == {
+        "leasekit",
+        "mysql-raw",
+        *(("tooz",) if tooz else ()),
+    }
+    for (contender, _), result in measured.items():
+        assert result["error"] is None, result
+        # tooz connects once per cycle: in a short run on a loaded machine it may
+        # complete no contended cycle at all, which is no error.
+        assert contender == "tooz" or result["cycles_per_s"] > 0, result
+    assert measured["mysql-raw", "single"]["ratio_to_floor"] == 1.0
+    # leasekit's rows for the run's keys are deleted, the floor's table dropped.
+    async with admin(mysql_url) as cursor:
+        await cursor.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (mysql_database,),
+        )
+        tables = {name for (name,) in await cursor.fetchall()}
+        left = await one(
+            cursor,
+            f"SELECT COUNT(*) FROM `{mysql_database}`.bench_leases WHERE LOCATE(%s, lease_key) > 0",
+            (report["namespace"].encode(),),
+        )
+    assert "bench_leases" in tables
+    assert not [name for name in tables if name.endswith("_floor")]
+    assert left == 0
