@@ -7,7 +7,8 @@ The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 :func:`new_owner_id`; the blocking API in :mod:`leasekit.sync`; fencing guards for the
 resources a lease protects in :mod:`leasekit.fencing`; event plugins in
 :mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
-marked with :data:`hookimpl`).
+marked with :data:`hookimpl`); a fake clock and fault injection for tests in
+:mod:`leasekit.testing` (the :class:`Clock` protocol is the seam they plug into).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._capabilities import Capabilities, capabilities_of
+from ._clock import Clock, RealClock
 from ._contract import (
     MAX_NAME_BYTES,
     MAX_TTL_MS,
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from . import hookspecs as hookspecs
     from . import plugins as plugins
     from . import sync as sync
+    from . import testing as testing
     from .hookspecs import hookimpl
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "BackendLacksCapability",
     "BackendUnavailable",
     "Capabilities",
+    "Clock",
     "InvalidLeaseArgument",
     "LeaseBackendError",
     "LeaseBackendTimeout",
@@ -77,6 +81,7 @@ __all__ = [
     "ManagedLeaseProvider",
     "MemoryLeaseProvider",
     "NoopLeaseProvider",
+    "RealClock",
     "StaleFencingToken",
     "__version__",
     "available_backends",
@@ -138,8 +143,9 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
 
 
 # Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
-# that uses plugins (or the blocking API, or the fencing guards) pays for them.
-_LAZY_MODULES = frozenset({"fencing", "hookspecs", "plugins", "sync"})
+# that uses plugins (or the blocking API, the fencing guards, the test helpers) pays
+# for them.
+_LAZY_MODULES = frozenset({"fencing", "hookspecs", "plugins", "sync", "testing"})
 
 
 def __getattr__(name: str) -> Any:

@@ -15,14 +15,20 @@ import os
 import random
 import socket
 import sys
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Literal
 
 from . import _hooks
+from ._clock import REAL_CLOCK, Clock, TimerHandle
 from ._contract import LeaseProvider, LeaseResult, validate_key, validate_owner, validate_ttl_ms
-from ._errors import InvalidLeaseArgument, LeaseHeld, LeaseLost
+from ._errors import (
+    InvalidLeaseArgument,
+    LeaseBackendUnreachable,
+    LeaseHeld,
+    LeaseLost,
+    LeaseProviderClosed,
+)
 from ._watch import KeyWaiter
 
 __all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
@@ -93,18 +99,21 @@ async def _acquire_polling(
     timeout_s: float | None,
     poll_s: float,
     max_poll_s: float,
+    clock: Clock = REAL_CLOCK,
 ) -> tuple[LeaseResult, float]:
     """Acquire, retrying with jittered exponential backoff; (result, start of the winning call).
 
     Returns the last denied result once ``timeout_s`` has passed (``0``: one attempt,
     ``None``: no limit). Errors from the store propagate at once.
     """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    deadline = None if timeout_s is None else clock.monotonic() + timeout_s
     vanished = False
     # Subscribed before the first attempt, so a release right after a denial still wakes.
-    async with KeyWaiter(provider, key, poll_s=poll_s, max_poll_s=max_poll_s) as waiter:
+    async with KeyWaiter(
+        provider, key, poll_s=poll_s, max_poll_s=max_poll_s, clock=clock
+    ) as waiter:
         while True:
-            start = time.monotonic()
+            start = clock.monotonic()
             result = await provider.acquire_lease(key, owner, ttl_ms)
             if result.acquired:
                 return result, start
@@ -114,7 +123,7 @@ async def _acquire_polling(
                 vanished = True
                 continue
             vanished = False
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and clock.monotonic() >= deadline:
                 return result, start
             await waiter.pause(deadline)
 
@@ -128,6 +137,7 @@ async def wait_for(
     *,
     poll_s: float = _DEFAULT_POLL_S,
     max_poll_s: float = _DEFAULT_MAX_POLL_S,
+    clock: Clock | None = None,
 ) -> LeaseResult:
     """Acquire ``key`` for ``owner``, polling until it is free or ``timeout_s`` has passed.
 
@@ -139,6 +149,8 @@ async def wait_for(
     On timeout raises :class:`LeaseHeld` naming the holder at the last attempt (the
     same error :func:`hold` raises, so one ``except LeaseHeld`` routes work to the
     holder either way). A :class:`LeaseBackendError` from the store propagates at once.
+    ``clock`` (default: the real monotonic clock) paces the polls and the timeout, as
+    ``leasekit.testing.FakeClock`` does in tests.
     """
     validate_key(key)
     validate_owner(owner)
@@ -148,21 +160,44 @@ async def wait_for(
     cap = _check_poll_s(max_poll_s, "max_poll_s")
     ops = _hooks.HookedLeaseProvider(_hooks.unwrap(provider), _hooks.backend_name(provider))
     result, _ = await _acquire_polling(
-        ops, key, owner, ttl_ms, timeout_s=limit, poll_s=first, max_poll_s=max(first, cap)
+        ops,
+        key,
+        owner,
+        ttl_ms,
+        timeout_s=limit,
+        poll_s=first,
+        max_poll_s=max(first, cap),
+        clock=REAL_CLOCK if clock is None else clock,
     )
     if not result.acquired:
         raise LeaseHeld(key=key, holder=result.owner)
     return result
 
 
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _default_safety_margin_ms(ttl_ms: int, renew_every_ms: int) -> int:
+    # A tenth of the TTL covers clock-rate drift between host and store (specified at
+    # a few hundred ppm, so far below a tenth) and the time the news takes to reach
+    # the body on a busy loop; 20 ms is a floor for short TTLs, where one slow loop
+    # turn is already a large part of the margin. Never more than half of what lies
+    # between a renewal and the TTL, so a renewal always has time to happen.
+    return min(max(ttl_ms // 10, 20), (ttl_ms - renew_every_ms) // 2)
+
+
 class LeaseHold:
     """A lease held by :func:`hold`: acquired on ``async with``, renewed in the background.
 
-    Attributes: ``key``, ``owner``, ``ttl_ms``, ``renew_every_ms``, ``on_lost``;
-    ``token``, the fencing token of the grant (``None`` without fencing); ``lost``, an
-    :class:`asyncio.Event` set when the lease is lost; ``lost_reason``
-    (``"renew_refused"``, ``"expired"``, ``"transfer_refused"`` or ``"error"``);
-    ``transferred_to``, the owner it was handed to by :meth:`transfer_to`.
+    Attributes: ``key``, ``owner``, ``ttl_ms``, ``renew_every_ms``,
+    ``safety_margin_ms``, ``on_lost``; ``token``, the fencing token of the grant
+    (``None`` without fencing); ``lost``, an :class:`asyncio.Event` set when the lease
+    is lost; ``lost_reason`` (``"renew_refused"``, ``"expired"``,
+    ``"transfer_refused"``, ``"transfer_unknown"`` or ``"error"``); ``transferred_to``,
+    the owner it was handed to by :meth:`transfer_to`; :attr:`valid_until` and
+    :meth:`remaining`, the holder's deadline on the monotonic clock.
     """
 
     def __init__(
@@ -173,8 +208,10 @@ class LeaseHold:
         ttl_ms: int,
         *,
         renew_every_ms: int | None = None,
+        safety_margin_ms: int | None = None,
         on_lost: OnLost = "cancel",
         wait_s: float | None = 0.0,
+        clock: Clock | None = None,
     ) -> None:
         self.key = validate_key(key)
         self.owner = validate_owner(owner)
@@ -190,6 +227,23 @@ class LeaseHold:
                 f"got {renew_every_ms}",
             )
         self.renew_every_ms = renew_every_ms
+        if safety_margin_ms is None:
+            safety_margin_ms = _default_safety_margin_ms(ttl_ms, renew_every_ms)
+        else:
+            checked_margin: object = safety_margin_ms
+            if isinstance(checked_margin, bool) or not isinstance(checked_margin, int):
+                raise InvalidLeaseArgument.for_argument(
+                    "safety_margin_ms", "must be an int number of milliseconds", safety_margin_ms
+                )
+            if safety_margin_ms < 0 or renew_every_ms + safety_margin_ms >= ttl_ms:
+                raise InvalidLeaseArgument.for_argument(
+                    "safety_margin_ms",
+                    f"must be >= 0 and leave room to renew: renew_every_ms "
+                    f"({renew_every_ms}) + safety_margin_ms must be less than ttl_ms "
+                    f"({ttl_ms})",
+                    safety_margin_ms,
+                )
+        self.safety_margin_ms = safety_margin_ms
         checked: object = on_lost
         if checked not in ("cancel", "flag"):
             raise InvalidLeaseArgument.for_argument(
@@ -197,6 +251,7 @@ class LeaseHold:
             )
         self.on_lost = on_lost
         self._wait_s = _check_wait_s(wait_s, "wait_s")
+        self._clock: Clock = REAL_CLOCK if clock is None else clock
         # Operations go through the emitting wrapper whether or not plugins exist now
         # (it costs two clock reads per operation, nothing for a hold); an emitting
         # provider from connect() is unwrapped so each event is emitted once.
@@ -210,9 +265,13 @@ class LeaseHold:
         self.transferred_to: str | None = None
         self._entered = False
         self._exiting = False
-        self._renewed_at = 0.0  # monotonic start of the last successful grant or renewal
+        self._renewed_at = 0.0  # clock time at the start of the last successful grant or renewal
+        self._valid_until = -math.inf  # when the holder stops believing; see valid_until
+        self._deadline_timer: TimerHandle | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._renewing = False  # cleared to stop the renewer (with a cancel)
+        self._transfer: asyncio.Future[None] | None = None  # set while transfer_to() waits
+        self._transfer_op: asyncio.Task[bool] | None = None
         self._body: asyncio.Task[object] | None = None
         self._cancelled_body = False
         self._cancelling_at_entry = 0  # the body task's cancellation count (3.11+)
@@ -225,13 +284,25 @@ class LeaseHold:
         return self._ops.backend
 
     @property
-    def _ttl_s(self) -> float:
-        return self.ttl_ms / 1000
+    def valid_until(self) -> float:
+        """The moment, on the hold's clock (:func:`time.monotonic` by default), the holder
+        stops believing it holds the lease: the start of the last successful acquire or
+        renewal + ``ttl_ms`` - ``safety_margin_ms``.
 
-    def _believed_valid_until(self) -> float:
-        # The store started the TTL no earlier than our call did, so this is the
-        # earliest moment it can have expired: after it, we must not assume we hold it.
-        return self._renewed_at + self._ttl_s
+        The store started the TTL no earlier than that call did, so this lies at least
+        the margin before the earliest moment the store can give the key to someone
+        else. Once the lease is lost or handed on it is the moment that happened (in
+        the past); before the block is entered, ``-inf``.
+        """
+        return self._valid_until
+
+    def remaining(self) -> float:
+        """Seconds until :attr:`valid_until`, ``0.0`` once it passed or the lease is gone.
+
+        Check it before a side effect that must not happen without the lease (and pass
+        ``token`` along to a store that can refuse stale writers; see docs/hold.md).
+        """
+        return max(0.0, self._valid_until - self._clock.monotonic())
 
     async def __aenter__(self) -> LeaseHold:
         if self._entered:
@@ -245,15 +316,16 @@ class LeaseHold:
             timeout_s=self._wait_s,
             poll_s=_DEFAULT_POLL_S,
             max_poll_s=_DEFAULT_MAX_POLL_S,
+            clock=self._clock,
         )
         if not result.acquired:
             raise LeaseHeld(key=self.key, holder=result.owner)
         self.token = result.token
-        self._renewed_at = start
         self._body = body = asyncio.current_task()
         if sys.version_info >= (3, 11) and body is not None:
             # Nonzero if the hold runs in cleanup code of a task already being cancelled.
             self._cancelling_at_entry = body.cancelling()
+        self._believe_from(start)
         self._start_renewer()
         return self
 
@@ -266,14 +338,19 @@ class LeaseHold:
         self._exiting = True  # from here on, a loss no longer cancels the body
         external_cancel = self._take_back_cancel()
         await self._stop_renewer()
+        self._disarm_deadline()
+        await self._settle_transfer_op()
         if self._cancelled_body:
             if external_cancel:
                 return  # someone else cancelled the task too: that cancellation wins
             if exc is None or isinstance(exc, asyncio.CancelledError):
-                raise LeaseLost(key=self.key, owner=self.owner) from self._lost_cause
+                raise LeaseLost(
+                    key=self.key, owner=self.owner, reason=self.lost_reason
+                ) from self._lost_cause
             return  # the body's own error says more; .lost tells the rest
         if self.lost.is_set() or self.transferred_to is not None:
             return  # nothing of ours to release
+        self._valid_until = min(self._valid_until, self._clock.monotonic())
         try:
             await self._ops.release_lease(self.key, self.owner)
         except Exception:
@@ -304,6 +381,47 @@ class LeaseHold:
         # surface as LeaseLost.
         return False  # pragma: no cover (3.10 only)
 
+    # -- the deadline ----------------------------------------------------------------------
+
+    def _believe_from(self, start: float) -> None:
+        """A grant or renewal that began at ``start`` succeeded: move the deadline on."""
+        self._renewed_at = start
+        self._valid_until = start + (self.ttl_ms - self.safety_margin_ms) / 1000
+        self._disarm_deadline()
+        # One timer, armed on every successful renewal: at the deadline its single
+        # callback sets .lost and cancels the body, so the news costs one loop turn
+        # however busy the loop is, and does not wait for the renewer to be scheduled.
+        self._deadline_timer = self._clock.call_at(self._valid_until, self._on_deadline)
+
+    def _disarm_deadline(self) -> None:
+        timer, self._deadline_timer = self._deadline_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        if self.lost.is_set() or self.transferred_to is not None or self._exiting:
+            return
+        transfer = self._transfer
+        if transfer is not None:
+            # transfer_to() is waiting for an answer that has not come: whether the
+            # key moved is unknown, so this holder must assume it did.
+            self._declare_lost("transfer_unknown", self._lost_cause, cancel=False)
+            if not transfer.done():
+                transfer.set_exception(self._lost_error())
+        else:
+            self._declare_lost("expired", self._lost_cause)
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.cancel()  # a renewal still in flight is cut off here, too
+
+    def _lost_error(self) -> LeaseLost:
+        error = LeaseLost(key=self.key, owner=self.owner, reason=self.lost_reason)
+        error.__cause__ = self._lost_cause
+        return error
+
+    # -- the renewer -----------------------------------------------------------------------
+
     def _start_renewer(self) -> None:
         self._renewing = True
         self._renewer = asyncio.create_task(
@@ -314,8 +432,8 @@ class LeaseHold:
         task, self._renewer = self._renewer, None
         if task is None:
             return
-        # The flag as well as cancel(): on 3.11 asyncio.wait_for (ours, or a backend's)
-        # can swallow a cancellation that races its result; the loop then sees the flag.
+        # The flag as well as cancel(): on 3.11 asyncio.wait_for (a backend's) can
+        # swallow a cancellation that races its result; the loop then sees the flag.
         self._renewing = False
         task.cancel()
         # wait() never raises the task's outcome; it raises only if *we* are cancelled,
@@ -330,66 +448,77 @@ class LeaseHold:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (whatever it is, the body must hear of it)
-            # A bug here must not leave the body running unguarded until expiry.
+            # A bug here must not leave the body running unguarded until the deadline.
             self._declare_lost("error", exc)
 
+    def _stopped(self) -> bool:
+        return not self._renewing or self.lost.is_set()
+
     async def _renew_until_lost(self) -> None:
+        """Renew every ``renew_every_ms``; retry failures while the deadline allows.
+
+        Each renewal has one of three outcomes: renewed (the deadline moves on),
+        refused (the lease is lost, for certain: ``"renew_refused"``), or failed (the
+        outcome is unknown: retried with backoff until the deadline timer declares the
+        lease ``"expired"`` and cancels whatever attempt is still in flight).
+        """
+        clock = self._clock
         interval_s = self.renew_every_ms / 1000
         while True:
-            pause = self._renewed_at + interval_s - time.monotonic()
-            if pause > 0:
-                await asyncio.sleep(pause)
-                if not self._renewing:
-                    return
+            await clock.sleep(self._renewed_at + interval_s - clock.monotonic())
+            if self._stopped():
+                return
             backoff_s = interval_s / 8
             attempt = 0
+            last_chance = False
             while True:
                 attempt += 1
-                start = time.monotonic()
-                remaining_s = self._believed_valid_until() - start
-                if remaining_s <= 0:
-                    self._declare_lost("expired", self._lost_cause)
-                    return
+                start = clock.monotonic()
                 try:
-                    # Bounded by the remaining validity: a stalled store must not keep
-                    # the body running past the moment the lease may have expired.
-                    renewed = await asyncio.wait_for(
-                        self._ops.renew_lease(self.key, self.owner, self.ttl_ms), remaining_s
-                    )
-                except Exception as exc:  # noqa: BLE001 (any failure is retried, then expires)
-                    if not self._renewing:
+                    renewed = await self._ops.renew_lease(self.key, self.owner, self.ttl_ms)
+                except Exception as exc:  # noqa: BLE001 (any failure is retried until the deadline)
+                    if self._stopped():
                         return
                     self._lost_cause = exc
-                    now = time.monotonic()
-                    remaining_s = self._believed_valid_until() - now
-                    if remaining_s <= 0:
-                        continue  # reported as expired at the top of the loop
-                    pause = min(backoff_s * random.uniform(0.5, 1.0), remaining_s)
+                    remaining_s = self._valid_until - clock.monotonic()
+                    pause = backoff_s * random.uniform(0.5, 1.0)
+                    give_up = pause >= remaining_s and last_chance
+                    if pause >= remaining_s:
+                        # One last attempt halfway to the deadline, not a storm of
+                        # ever closer ones.
+                        last_chance = True
+                        pause = remaining_s / 2
                     if _hooks.relay() is None:
                         _log.warning(
-                            "renewal %d of lease on %r held by %r failed (%s: %s); retrying "
-                            "in %.3f s, the lease is valid for at most %.3f s more",
+                            "renewal %d of lease on %r held by %r failed (%s: %s); %s, "
+                            "the lease is believed valid for %.3f s more",
                             attempt,
                             self.key,
                             self.owner,
                             type(exc).__name__,
                             exc,
-                            pause,
-                            remaining_s,
+                            "no time left to retry"
+                            if give_up
+                            else f"retrying in {max(0.0, pause):.3f} s",
+                            max(0.0, remaining_s),
                         )
-                    await asyncio.sleep(pause)
-                    if not self._renewing:
+                    if give_up:
+                        return  # the deadline timer declares the loss
+                    await clock.sleep(pause)
+                    if self._stopped():
                         return
                     backoff_s = min(backoff_s * 2, interval_s)
                     continue
-                if not self._renewing:
-                    return
+                if self._stopped():
+                    return  # a reply after the deadline (or a stop) changes nothing
                 if not renewed:
                     self._declare_lost("renew_refused", None)
                     return
-                self._renewed_at = start
                 self._lost_cause = None
+                self._believe_from(start)
                 break
+
+    # -- loss ------------------------------------------------------------------------------
 
     def _declare_lost(
         self, reason: str, cause: BaseException | None, *, cancel: bool = True
@@ -398,8 +527,18 @@ class LeaseHold:
             return
         self.lost_reason = reason
         self._lost_cause = cause
+        self._valid_until = min(self._valid_until, self._clock.monotonic())
+        self._disarm_deadline()
         self.lost.set()
-        if reason in ("expired", "error"):
+        for callback in self._lost_callbacks:
+            callback()
+        body = self._body
+        wanted = cancel and self.on_lost == "cancel" and not self._exiting
+        if wanted and body is not None and not body.done():
+            self._cancelled_body = True
+            body.cancel(f"leasekit: lease on {self.key!r} was lost ({reason})")
+        # Reported after the body was told: the news comes first.
+        if reason not in ("renew_refused", "transfer_refused"):
             # Refusals were already reported by the operation that was refused.
             _hooks.emit(
                 "leasekit_lost",
@@ -415,19 +554,14 @@ class LeaseHold:
                 self.key,
                 self.owner,
                 reason,
-                "; cancelling the body" if cancel and self.on_lost == "cancel" else "",
+                "; cancelling the body" if wanted else "",
             )
-        for callback in self._lost_callbacks:
-            callback()
-        body = self._body
-        wanted = cancel and self.on_lost == "cancel" and not self._exiting
-        if wanted and body is not None and not body.done():
-            self._cancelled_body = True
-            body.cancel(f"leasekit: lease on {self.key!r} was lost ({reason})")
 
     def _add_lost_callback(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` on the event loop when the lease is lost (for leasekit.sync)."""
         self._lost_callbacks.append(callback)
+
+    # -- handing over ----------------------------------------------------------------------
 
     async def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
         """Hand the lease to ``next_owner`` (atomically where the backend declares it).
@@ -437,10 +571,13 @@ class LeaseHold:
         this hold's TTL. The new owner learns its fencing token by acquiring (an
         idempotent re-acquire for it).
 
-        Raises :class:`LeaseLost` (and sets ``.lost``) if this holder no longer held the
-        lease. If the store fails (:class:`LeaseBackendError`) the outcome is unknown:
-        renewal resumes, and if the transfer did happen the next renewal is refused and
-        reports the loss.
+        Bounded by :attr:`valid_until`: a store that has not answered by then is cut
+        off. Raises :class:`LeaseLost` (with ``.lost`` already set) if this holder no
+        longer held the lease (``"transfer_refused"``), or if the outcome is unknown
+        (``"transfer_unknown"``: cut off at the deadline, a timeout, or any store error
+        after which the key may have moved; the store's error is the ``__cause__``).
+        Only an error that proves nothing was sent (:class:`LeaseBackendUnreachable`,
+        :class:`LeaseProviderClosed`) propagates as itself, and renewal resumes.
         """
         validate_owner(next_owner, "next_owner")
         ttl_ms = self.ttl_ms if ttl_ms is None else validate_ttl_ms(ttl_ms)
@@ -452,19 +589,51 @@ class LeaseHold:
             raise RuntimeError("transfer_to() is called inside the hold's async with block")
         if self.transferred_to is not None:
             raise RuntimeError(f"the lease was already transferred to {self.transferred_to!r}")
+        if not self.lost.is_set() and self._clock.monotonic() >= self._valid_until:
+            self._on_deadline()  # due, but the loop has not run the timer yet
         if self.lost.is_set():
-            raise LeaseLost(key=self.key, owner=self.owner) from self._lost_cause
+            raise self._lost_error()
         await self._stop_renewer()
+        if self.lost.is_set():
+            raise self._lost_error()  # the deadline passed while the renewer stopped
+        waiter = self._transfer = asyncio.get_running_loop().create_future()
+        op = self._transfer_op = asyncio.ensure_future(
+            self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
+        )
+        op.add_done_callback(lambda _: _resolve(waiter))
         try:
-            handed = await self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
+            # Resolved by the answer or, at the deadline, by the timer with LeaseLost.
+            await waiter
         except BaseException:
-            if not self.lost.is_set():
-                self._start_renewer()
+            op.cancel()
+            # Cancelled from outside mid-flight: the key may have moved.
+            self._declare_lost("transfer_unknown", None, cancel=False)
             raise
+        finally:
+            self._transfer = None
+        self._transfer_op = None
+        try:
+            handed = op.result()
+        except (LeaseBackendUnreachable, LeaseProviderClosed):
+            self._start_renewer()  # nothing reached the store: we still hold it
+            raise
+        except Exception as exc:
+            self._declare_lost("transfer_unknown", exc, cancel=False)
+            raise self._lost_error() from exc
         if not handed:
             self._declare_lost("transfer_refused", None, cancel=False)
-            raise LeaseLost(key=self.key, owner=self.owner)
+            raise self._lost_error()
         self.transferred_to = next_owner
+        self._valid_until = min(self._valid_until, self._clock.monotonic())
+        self._disarm_deadline()
+
+    async def _settle_transfer_op(self) -> None:
+        op, self._transfer_op = self._transfer_op, None
+        if op is not None and not op.done():
+            op.cancel()
+            await asyncio.wait([op])
+        if op is not None and not op.cancelled():
+            op.exception()  # retrieved: transfer_to() reported the outcome
 
     def __repr__(self) -> str:
         if self.transferred_to is not None:
@@ -485,8 +654,10 @@ def hold(
     ttl_ms: int,
     *,
     renew_every_ms: int | None = None,
+    safety_margin_ms: int | None = None,
     on_lost: OnLost = "cancel",
     wait_s: float | None = 0.0,
+    clock: Clock | None = None,
 ) -> LeaseHold:
     """Hold ``key`` for ``owner`` for the duration of an ``async with`` block.
 
@@ -501,18 +672,23 @@ def hold(
     Leaving releases, unless the lease was handed on with :meth:`LeaseHold.transfer_to`
     or lost.
 
-    The lease is *lost* when a renewal is refused, or when renewals keep failing until
-    the TTL, counted on this process's monotonic clock from the start of the last
-    successful acquire or renewal, has run out (failures are retried with backoff
-    meanwhile, and reported as ``leasekit_failed`` events, or logged when no plugin is
-    registered). Then ``.lost`` is set, a ``leasekit_lost`` event is emitted, and with
-    ``on_lost="cancel"`` (the default) the body is cancelled and :class:`LeaseLost`
-    raised out of the ``async with``; with ``on_lost="flag"`` the body runs on and
-    should check ``.lost``.
+    The holder believes it holds the lease until :attr:`LeaseHold.valid_until`: the
+    start of the last successful acquire or renewal + ``ttl_ms`` - ``safety_margin_ms``
+    (default a tenth of the TTL, at least 20 ms, at most half of ``ttl_ms -
+    renew_every_ms``; ``renew_every_ms + safety_margin_ms`` must be less than
+    ``ttl_ms``). The lease is *lost* when a renewal is refused, or when renewals keep
+    failing until that deadline (failures are retried with backoff meanwhile and
+    reported as ``leasekit_failed`` events, or logged when no plugin is registered).
+    Then ``.lost`` is set, and with ``on_lost="cancel"`` (the default) the body is
+    cancelled in the same loop callback and :class:`LeaseLost` raised out of the
+    ``async with``; with ``on_lost="flag"`` the body runs on and should check
+    ``.lost`` or :meth:`LeaseHold.remaining`. A ``leasekit_lost`` event follows.
 
     Cancelling the body or its task stops renewal and releases the lease (or, if the
     release is itself interrupted, leaves it to expire); no task outlives the block.
-    Arguments are validated here, before any I/O.
+    ``clock`` (default: the real monotonic clock) drives renewals and the deadline,
+    as ``leasekit.testing.FakeClock`` does in tests. Arguments are validated here,
+    before any I/O.
     """
     return LeaseHold(
         provider,
@@ -520,6 +696,8 @@ def hold(
         owner,
         ttl_ms,
         renew_every_ms=renew_every_ms,
+        safety_margin_ms=safety_margin_ms,
         on_lost=on_lost,
         wait_s=wait_s,
+        clock=clock,
     )

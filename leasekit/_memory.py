@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from ._capabilities import Capabilities
+from ._clock import Clock
 from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed
 from .backend._notify import ReleaseHub, ReleaseWatch
@@ -84,6 +85,14 @@ class _MemoryStore:
                 del self.leases[key]
 
 
+def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
+    exact = getattr(clock, "monotonic_ns", None)
+    if callable(exact):
+        return exact  # type: ignore[no-any-return]
+    read = clock.monotonic
+    return lambda: round(read() * 1e9)
+
+
 _named_stores: dict[str, _MemoryStore] = {}
 _named_lock = threading.Lock()
 
@@ -111,8 +120,18 @@ class MemoryLeaseProvider:
     )
 
     def __init__(
-        self, name: str | None = None, *, clock_ns: Callable[[], int] | None = None
+        self,
+        name: str | None = None,
+        *,
+        clock_ns: Callable[[], int] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        if clock is not None:
+            if clock_ns is not None:
+                raise InvalidLeaseArgument.for_argument("clock", "give clock or clock_ns, not both")
+            clock_ns = _nanoseconds_of(clock)
+        self.clock = clock
+        """The clock leases expire on when one was given (``None``: the monotonic clock)."""
         if name is None:
             self._store = _MemoryStore(time.monotonic_ns if clock_ns is None else clock_ns)
         else:
@@ -123,7 +142,8 @@ class MemoryLeaseProvider:
                 )
             if clock_ns is not None:
                 raise InvalidLeaseArgument.for_argument(
-                    "clock_ns", "cannot be set for a named store"
+                    "clock" if clock is not None else "clock_ns",
+                    "cannot be set for a named store (its providers share one clock)",
                 )
             with _named_lock:
                 store = _named_stores.get(name)
@@ -135,10 +155,15 @@ class MemoryLeaseProvider:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryLeaseProvider:
-        """Build from ``memory://`` (private) or ``memory://NAME`` (shared in-process)."""
+        """Build from ``memory://`` (private) or ``memory://NAME`` (shared in-process).
+
+        One option: ``clock``, a :class:`leasekit.Clock` (such as
+        ``leasekit.testing.FakeClock``) that leases expire on; private stores only.
+        """
+        clock = options.pop("clock", None)
         if options:
             raise InvalidLeaseArgument.for_argument(
-                "options", f"memory:// takes no options, got {sorted(options)}"
+                "options", f"memory:// takes only the clock option, got {sorted(options)}"
             )
         prefix = "memory://"
         if not url.lower().startswith(prefix) or "?" in url or "#" in url:
@@ -146,7 +171,7 @@ class MemoryLeaseProvider:
                 "url", f"must look like memory:// or memory://NAME, got {url!r}"
             )
         name = url[len(prefix) :]
-        return cls(name or None)
+        return cls(name or None, clock=clock)
 
     def _check(self) -> _MemoryStore:
         if self._closed:

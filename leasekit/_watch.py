@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Any
 
 from . import _hooks
 from ._capabilities import capabilities_of
+from ._clock import REAL_CLOCK, Clock
 from ._contract import LeaseProvider, validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument
 from .backend._notify import ReleaseWatch, SupportsRemaining
@@ -43,8 +43,8 @@ class KeyWaiter:
     """Waits between looks at one key: notifications where offered, else backoff polling.
 
     Use as ``async with KeyWaiter(provider, key) as waiter:`` around the loop, and
-    ``await waiter.pause(deadline)`` between attempts (``deadline`` on
-    :func:`time.monotonic`, or ``None``). The subscription starts at the first pause,
+    ``await waiter.pause(deadline)`` between attempts (``deadline`` on ``clock``,
+    :func:`time.monotonic` by default, or ``None``). The subscription starts at the first pause,
     so an acquire that succeeds at once costs nothing extra; that first pause returns
     at once (the caller looks again, now subscribed, so no release is missed).
     :attr:`notified` says whether the backend's channel is in use.
@@ -57,8 +57,10 @@ class KeyWaiter:
         *,
         poll_s: float = _DEFAULT_POLL_S,
         max_poll_s: float = _DEFAULT_MAX_POLL_S,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self._provider = _hooks.unwrap(provider)
+        self._clock = clock
         self.key = key
         self._first = poll_s
         self._delay = poll_s
@@ -109,7 +111,7 @@ class KeyWaiter:
         """
         if await self._subscribe():
             return True
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        left = None if deadline is None else max(deadline - self._clock.monotonic(), 0.0)
         if self._watch is not None and held:
             limit = _SAFETY_S
             if self._remaining:
@@ -117,7 +119,7 @@ class KeyWaiter:
                 if remaining_ms is None:
                     return True  # free already: look again at once
                 limit = min(remaining_ms / 1000 + _EXPIRY_SLACK_S, _SAFETY_S)
-            return await self._watch.wait(limit if left is None else min(limit, left))
+            return await self._hint(limit if left is None else min(limit, left))
         # Jittered, so waiters that were denied together do not all retry together.
         pause = self._delay * random.uniform(0.5, 1.0)
         self._delay = min(self._delay * 2, self._cap)
@@ -131,9 +133,26 @@ class KeyWaiter:
         if left is not None:
             pause = min(pause, left)  # the last attempt falls on the deadline
         if self._watch is not None:
-            return await self._watch.wait(pause)
-        await asyncio.sleep(pause)
+            return await self._hint(pause)
+        await self._clock.sleep(pause)
         return False
+
+    async def _hint(self, timeout_s: float) -> bool:
+        """The watch's hint, or ``timeout_s`` on the clock: True if a hint came."""
+        watch = self._watch
+        assert watch is not None
+        if self._clock is REAL_CLOCK:
+            return await watch.wait(timeout_s)
+        # Another clock (a test's fake one) decides the timeout: race the two.
+        hint = asyncio.ensure_future(watch.wait(None))
+        timer = asyncio.ensure_future(self._clock.sleep(timeout_s))
+        try:
+            await asyncio.wait([hint, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (hint, timer):
+                waiting.cancel()
+            await asyncio.wait([hint, timer])
+        return hint.done() and not hint.cancelled() and hint.result()
 
 
 def _check_interval(value: object, argument: str) -> float:
@@ -145,7 +164,7 @@ def _check_interval(value: object, argument: str) -> float:
 
 
 async def watch_owner(
-    provider: LeaseProvider, key: str, *, poll_s: float = 0.5
+    provider: LeaseProvider, key: str, *, poll_s: float = 0.5, clock: Clock | None = None
 ) -> AsyncGenerator[str | None, None]:
     """Yield the owner of ``key`` now, then again each time it changes (``None``: free).
 
@@ -154,12 +173,20 @@ async def watch_owner(
     touches it; a free key is looked at every ``poll_s`` (a new grant sends no hint).
     Elsewhere the key is polled every ``poll_s``. Changes quicker than a look may be
     missed (an observer sees states, not every transition). Store errors propagate.
+    ``clock`` (default: the real monotonic clock) paces the looks, as
+    ``leasekit.testing.FakeClock`` does in tests.
     """
     validate_key(key)
     interval = _check_interval(poll_s, "poll_s")
     unset: Any = object()
     last: str | None = unset
-    async with KeyWaiter(provider, key, poll_s=interval, max_poll_s=interval) as waiter:
+    async with KeyWaiter(
+        provider,
+        key,
+        poll_s=interval,
+        max_poll_s=interval,
+        clock=REAL_CLOCK if clock is None else clock,
+    ) as waiter:
         while True:
             owner = await provider.get_lease_owner(key)
             if owner != last:
@@ -170,10 +197,10 @@ async def watch_owner(
 
 
 def leaders(
-    provider: LeaseProvider, group: str, *, poll_s: float = 0.5
+    provider: LeaseProvider, group: str, *, poll_s: float = 0.5, clock: Clock | None = None
 ) -> AsyncGenerator[str | None, None]:
     """The leader of ``group`` now and at each change, for observers: :func:`watch_owner`."""
-    return watch_owner(provider, group, poll_s=poll_s)
+    return watch_owner(provider, group, poll_s=poll_s, clock=clock)
 
 
 def elect(

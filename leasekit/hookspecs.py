@@ -86,8 +86,10 @@ def leasekit_lost(key: str, owner: str, backend: str, reason: str, latency_s: fl
     ``reason`` is ``"renew_refused"`` (a renewal returned ``False``: the lease had
     expired or someone else holds it), ``"transfer_refused"`` (likewise for a
     transfer), or, from :func:`leasekit.hold`, ``"expired"`` (renewals kept failing
-    until the lease must be presumed expired by the holder's own clock) or ``"error"``
-    (the renewal task itself failed unexpectedly); ``latency_s`` is then ``None``.
+    until the hold's deadline, a safety margin before the TTL on the holder's own
+    clock), ``"transfer_unknown"`` (a transfer cut off at that deadline, or failed
+    with an unknown outcome) or ``"error"`` (the renewal task itself failed
+    unexpectedly); ``latency_s`` is then ``None``.
     """
 
 

@@ -345,9 +345,11 @@ def wait_for(
 class SyncLeaseHold:
     """A lease held by :func:`hold`, renewed on the facade's loop while the block runs.
 
-    ``key``, ``owner``, ``ttl_ms``, ``token``, ``lost_reason`` and ``transferred_to``
-    are those of the underlying :class:`leasekit.LeaseHold`; ``lost`` is a
-    :class:`threading.Event`, set from the loop thread the moment the lease is lost.
+    ``key``, ``owner``, ``ttl_ms``, ``safety_margin_ms``, ``token``, ``lost_reason``,
+    ``transferred_to``, ``valid_until`` and ``remaining()`` are those of the underlying
+    :class:`leasekit.LeaseHold`; ``lost`` is a :class:`threading.Event`, set from the
+    loop thread the moment the lease is lost: at the latest at ``valid_until``, a
+    safety margin before the store can give the key to anyone else.
     """
 
     def __init__(self, facade: SyncLeaseProvider, lease: LeaseHold, on_lost: SyncOnLost) -> None:
@@ -379,6 +381,25 @@ class SyncLeaseHold:
     def token(self) -> int | None:
         """The fencing token of the grant (``None`` on a backend without fencing)."""
         return self._lease.token
+
+    @property
+    def safety_margin_ms(self) -> int:
+        """How long before the TTL, counted from the last renewal, the holder stops believing."""
+        return self._lease.safety_margin_ms
+
+    @property
+    def valid_until(self) -> float:
+        """The deadline on :func:`time.monotonic`; see :attr:`leasekit.LeaseHold.valid_until`."""
+        return self._lease.valid_until
+
+    def remaining(self) -> float:
+        """Seconds the lease is still believed held (``0.0`` once lost or ended).
+
+        Safe from any thread. A blocking body checks it (or ``lost``) right before each
+        side effect: the loop thread sets ``lost`` at the deadline, but cannot stop a
+        call the body is already in.
+        """
+        return self._lease.remaining()
 
     @property
     def lost_reason(self) -> str | None:
@@ -469,6 +490,7 @@ def hold(
     ttl_ms: int,
     *,
     renew_every_ms: int | None = None,
+    safety_margin_ms: int | None = None,
     on_lost: SyncOnLost = "flag",
     wait_s: float | None = 0.0,
 ) -> SyncLeaseHold:
@@ -479,11 +501,12 @@ def hold(
         with leasekit.sync.hold(leases, "thread-42", owner, ttl_ms=30_000) as lease:
             do_work(fencing_token=lease.token)
 
-    Acquisition, renewal every ``renew_every_ms``, loss detection and release are
-    :func:`leasekit.hold`'s, running on the facade's loop thread while the block runs
-    in the calling thread. A thread cannot be cancelled from outside, so on loss the
-    body is not interrupted: ``.lost`` (a :class:`threading.Event`) is set, and the
-    body should check it between steps. ``on_lost="raise"`` also raises
+    Acquisition, renewal every ``renew_every_ms``, the deadline ``safety_margin_ms``
+    before the TTL, loss detection and release are :func:`leasekit.hold`'s, running on
+    the facade's loop thread while the block runs in the calling thread. A thread
+    cannot be cancelled from outside, so on loss the body is not interrupted:
+    ``.lost`` (a :class:`threading.Event`) is set at the deadline, and the body must
+    check it (or ``remaining()``) before each side effect. ``on_lost="raise"`` also raises
     :class:`leasekit.LeaseLost` when the block ends normally after a loss, so work done
     without the lease does not pass as done with it.
     """
@@ -501,6 +524,7 @@ def hold(
         owner,
         ttl_ms,
         renew_every_ms=renew_every_ms,
+        safety_margin_ms=safety_margin_ms,
         on_lost="flag",
         wait_s=wait_s,
     )

@@ -7,9 +7,12 @@ with a generous limit that only a hung test reaches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,6 +92,118 @@ def leasekit_tasks() -> list[asyncio.Task[object]]:
     return found
 
 
+class LoopTurns:
+    """Counts event-loop turns: a task that steps once per turn while running.
+
+    Latency in loop turns is what the code controls; latency in milliseconds is what
+    the machine's load adds on top. Tests assert the former.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.times: list[float] = []  # time.monotonic() at each turn
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            self.count += 1
+            self.times.append(time.monotonic())
+            await asyncio.sleep(0)
+
+    def between(self, start: float, end: float) -> int:
+        """How many turns began at or after ``start`` and before ``end``."""
+        return sum(1 for t in self.times if start <= t < end)
+
+    async def __aenter__(self) -> LoopTurns:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+
+class FreezableProxy:
+    """A loopback TCP proxy to ``host:port`` that can freeze its connections.
+
+    ``freeze()`` stops forwarding in both directions while every connection stays
+    open: to the client the server looks alive but silent, the way a stalled network
+    path or a hung middlebox looks (unlike SIGSTOP, the server itself keeps running,
+    so its leases expire on time and other clients are served). ``thaw()`` forwards
+    what was held back. Threads, not the test's event loop, do the forwarding, so a
+    busy or blocked loop does not slow the proxy.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self._listener.getsockname()[:2]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="leasekit-test-proxy", daemon=True).start()
+
+    def freeze(self) -> None:
+        """Stop forwarding: whatever either side sends from now on is held back."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        """Forward again, starting with what was held back."""
+        self._flowing.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = source.recv(65536)
+                self._flowing.wait()
+                if not data or self._closed:
+                    break
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        """Close the listener and every connection."""
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = self._sockets, []
+        self._flowing.set()
+        self._listener.close()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> FreezableProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def shared_url(backend: str, tmp_path_str: str, name: str) -> str:
     """A URL whose connections share leases: a named memory store or one SQLite file."""
     if backend == "memory":
@@ -125,6 +240,8 @@ def documented_output(page: str, example: str) -> str:
 __all__ = [
     "PATIENCE_S",
     "ROOT",
+    "FreezableProxy",
+    "LoopTurns",
     "ScriptedProvider",
     "documented_output",
     "eventually",

@@ -22,6 +22,7 @@ from leasekit_contract import LeaseProviderContract
 
 import leasekit
 from leasekit import LeaseProvider
+from leasekit.testing import FakeClock
 
 # -- memory:// through the mixin -------------------------------------------------------
 
@@ -39,6 +40,16 @@ class TestMemoryBackend(LeaseProviderContract):
     @pytest.fixture
     def provider_factory(self, memory_url: str) -> Callable[[], LeaseProvider]:
         return functools.partial(leasekit.connect, memory_url)
+
+
+class TestMemoryOnATickingFakeClock(LeaseProviderContract):
+    """The memory store on a ``leasekit.testing.FakeClock``: the suite waits in real time,
+    so the clock ticks with it (and a test may still jump it forward with advance())."""
+
+    @pytest.fixture
+    async def provider(self) -> AsyncIterator[LeaseProvider]:
+        async with leasekit.connect("memory://", clock=FakeClock(ticking=True)) as provider:
+            yield provider
 
 
 # -- memory:// through the plugin ------------------------------------------------------

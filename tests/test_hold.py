@@ -15,11 +15,13 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 from faults import (
+    PATIENCE_S,
+    LoopTurns,
     ScriptedProvider,
     documented_output,
     eventually,
@@ -32,12 +34,15 @@ import leasekit
 from leasekit import (
     InvalidLeaseArgument,
     LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
     LeaseHeld,
     LeaseHold,
     LeaseLost,
     LeaseProvider,
     ManagedLeaseProvider,
 )
+from leasekit._hold import OnLost
 
 pytestmark = pytest.mark.anyio
 
@@ -97,13 +102,17 @@ async def test_hold_acquires_exposes_the_grant_renews_and_releases(
 async def test_renewal_keeps_a_short_lease_alive_past_its_ttl(
     scripted: ScriptedProvider, other: LeaseProvider
 ) -> None:
-    # A 500 ms lease renewed every 50 ms is still ours after more than two TTLs.
-    started = time.monotonic()
-    async with leasekit.hold(scripted, "short", "a", 500, renew_every_ms=50) as lease:
-        await eventually(lambda: time.monotonic() - started > 1.1, "two TTLs to pass")
-        assert await other.get_lease_owner("short") == "a"
-        assert scripted.renewed >= 2
+    # Proven by the store, not by a stopwatch: a renewal that *began* a full TTL after
+    # the grant was accepted (renew_lease answers True only for a live lease), so the
+    # lease outlived its first TTL.
+    async with leasekit.hold(scripted, "short", "a", 1000, renew_every_ms=50) as lease:
+        first_valid_until = lease.valid_until
+        await eventually(
+            lambda: lease.valid_until > first_valid_until + 1.0 or lease.lost.is_set(),
+            "a renewal one TTL after the grant",
+        )
         assert not lease.lost.is_set()
+        assert await other.get_lease_owner("short") == "a"
 
 
 async def test_default_renewal_interval_is_a_third_of_the_ttl(provider: LeaseProvider) -> None:
@@ -225,7 +234,9 @@ async def test_renewals_failing_until_the_ttl_runs_out_lose_the_lease(
     scripted: ScriptedProvider, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="leasekit")
-    lease = leasekit.hold(scripted, "k", "a", 300, renew_every_ms=50)
+    # 900 ms between the last renewal and the deadline: room for many retries even on
+    # a loaded machine (the count below is an ordering, not a timing: retried at all).
+    lease = leasekit.hold(scripted, "k", "a", 1000, renew_every_ms=50, safety_margin_ms=50)
 
     async def body() -> None:
         scripted.renew_mode = "fail"
@@ -340,6 +351,170 @@ async def test_a_loss_in_cleanup_code_of_a_cancelled_task_is_still_a_loss(
     task.cancel()
     with pytest.raises(LeaseLost):
         await task
+
+
+# -- the deadline: margin, valid_until, the three renewal outcomes ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("ttl_ms", "renew_every_ms", "margin_ms"),
+    [(30_000, None, 3000), (300, None, 30), (100, None, 20), (60, None, 20), (30, None, 10)],
+)
+async def test_the_default_safety_margin_is_a_tenth_of_the_ttl_at_least_20_ms(
+    provider: LeaseProvider, ttl_ms: int, renew_every_ms: int | None, margin_ms: int
+) -> None:
+    lease = leasekit.hold(provider, "k", "a", ttl_ms, renew_every_ms=renew_every_ms)
+    assert lease.safety_margin_ms == margin_ms
+    assert lease.renew_every_ms + lease.safety_margin_ms < ttl_ms
+
+
+async def test_valid_until_is_the_grant_start_plus_ttl_minus_the_margin(
+    provider: LeaseProvider,
+) -> None:
+    lease = leasekit.hold(provider, "k", "a", LONG_TTL_MS, safety_margin_ms=500)
+    assert lease.valid_until == float("-inf")
+    assert lease.remaining() == 0.0
+    before = time.monotonic()
+    async with lease:
+        after = time.monotonic()
+        believed_s = (LONG_TTL_MS - 500) / 1000
+        assert before + believed_s <= lease.valid_until <= after + believed_s
+        assert 0 < lease.remaining() <= believed_s
+    # Released: no longer believed.
+    assert lease.valid_until <= time.monotonic()
+    assert lease.remaining() == 0.0
+
+
+async def test_a_hung_renewal_is_cut_off_at_the_deadline_and_the_body_told_first(
+    scripted: ScriptedProvider,
+) -> None:
+    seen: list[tuple[str, float]] = []
+    lease = leasekit.hold(scripted, "k", "a", 400, renew_every_ms=50, safety_margin_ms=100)
+    lease._add_lost_callback(lambda: seen.append(("lost", time.monotonic())))
+
+    async def body() -> None:
+        scripted.renew_mode = "hang"
+        try:
+            await forever()
+        except asyncio.CancelledError:
+            seen.append(("cancelled", time.monotonic()))
+            raise
+
+    with pytest.raises(LeaseLost) as caught:
+        await held(lease, body)
+    assert caught.value.reason == "expired"
+    assert [what for what, _ in seen] == ["lost", "cancelled"]
+    # Not before the deadline (the last valid_until the hold believed).
+    assert seen[0][1] >= lease.valid_until
+    assert scripted.hanging == 0  # the hung call was cancelled, not abandoned
+    assert leasekit_tasks() == []
+
+
+async def test_the_deadline_reaches_the_body_in_one_loop_turn_on_a_busy_loop(
+    scripted: ScriptedProvider,
+) -> None:
+    # Six tasks computing 4 ms between awaits. Counted in loop turns, not ms: from the
+    # deadline callback to the body's CancelledError is the next turn.
+    stop = False
+
+    async def busy() -> None:
+        while not stop:
+            end = time.perf_counter() + 0.004
+            while time.perf_counter() < end:
+                pass
+            await asyncio.sleep(0)
+
+    at_loss: list[int] = []
+    at_cancel: list[int] = []
+    lease = leasekit.hold(scripted, "k", "a", 300, renew_every_ms=50, safety_margin_ms=100)
+    async with LoopTurns() as turns:
+        lease._add_lost_callback(lambda: at_loss.append(turns.count))
+        workers = [asyncio.create_task(busy()) for _ in range(6)]
+
+        async def body() -> None:
+            scripted.renew_mode = "hang"
+            try:
+                await forever()
+            except asyncio.CancelledError:
+                at_cancel.append(turns.count)
+                raise
+
+        try:
+            with pytest.raises(LeaseLost):
+                await held(lease, body)
+        finally:
+            stop = True
+            await asyncio.wait(workers)
+    assert len(at_loss) == len(at_cancel) == 1
+    assert at_cancel[0] - at_loss[0] <= 1
+
+
+class OutcomeRecorder:
+    """Records the renewal outcomes hold() reports as events."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    @leasekit.hookimpl
+    def leasekit_renewed(self, key: str) -> None:
+        self.events.append(("renewed", key))
+
+    @leasekit.hookimpl
+    def leasekit_failed(self, operation: str, error: BaseException) -> None:
+        self.events.append(("failed", f"{operation}: {type(error).__name__}"))
+
+    @leasekit.hookimpl
+    def leasekit_lost(self, reason: str) -> None:
+        self.events.append(("lost", reason))
+
+
+@pytest.fixture
+def outcomes() -> Iterator[OutcomeRecorder]:
+    recorder = OutcomeRecorder()
+    leasekit.plugins.register(recorder)
+    yield recorder
+    leasekit.plugins.unregister(recorder)
+
+
+async def test_the_three_renewal_outcomes_are_events_and_lost_reasons(
+    scripted: ScriptedProvider, outcomes: OutcomeRecorder
+) -> None:
+    # renewed, then failed (unknown: retried), then renewed again, then refused.
+    async with leasekit.hold(
+        scripted, "k", "a", LONG_TTL_MS, renew_every_ms=FAST_RENEW_MS, on_lost="flag"
+    ) as lease:
+        await eventually(lambda: scripted.renewed >= 1, "a renewal")
+        scripted.fail_renewals = 1
+        calls = scripted.renew_calls
+        await eventually(lambda: scripted.renew_calls > calls + 1, "a retry after the failure")
+        await eventually(lambda: not lease.lost.is_set() and scripted.fail_renewals == 0, "retry")
+        renewed = scripted.renewed
+        await eventually(lambda: scripted.renewed > renewed, "renewed after the failure")
+        scripted.renew_mode = "refuse"
+        await asyncio.wait_for(lease.lost.wait(), PATIENCE_S)
+        assert lease.lost_reason == "renew_refused"
+    kinds = [kind for kind, _ in outcomes.events]
+    failed_at = kinds.index("failed")
+    assert "renewed" in kinds[:failed_at]
+    assert "renewed" in kinds[failed_at:]
+    assert ("failed", "renew: LeaseBackendError") in outcomes.events
+    assert outcomes.events[-1] == ("lost", "renew_refused")
+
+
+async def test_renewals_failing_to_the_deadline_report_failed_then_lost_expired(
+    scripted: ScriptedProvider, outcomes: OutcomeRecorder
+) -> None:
+    async with leasekit.hold(
+        scripted, "k", "a", 400, renew_every_ms=50, safety_margin_ms=100, on_lost="flag"
+    ) as lease:
+        scripted.renew_mode = "fail"
+        await asyncio.wait_for(lease.lost.wait(), PATIENCE_S)
+        assert lease.lost_reason == "expired"
+        assert lease.remaining() == 0.0
+    kinds = [kind for kind, _ in outcomes.events]
+    assert "failed" in kinds
+    assert outcomes.events[-1] == ("lost", "expired")
+    assert kinds.index("failed") < len(kinds) - 1
 
 
 # -- cancellation safety ------------------------------------------------------------------
@@ -465,20 +640,80 @@ async def test_transfer_of_a_lost_lease_raises_lease_lost(
     assert await other.get_lease_owner("k") == "x"
 
 
-async def test_a_failed_transfer_resumes_renewal(scripted: ScriptedProvider) -> None:
+async def test_a_transfer_that_never_reached_the_store_resumes_renewal(
+    scripted: ScriptedProvider,
+) -> None:
     class BrokenTransfer(ScriptedProvider):
         async def transfer_lease(
             self, key: str, from_owner: str, to_owner: str, ttl_ms: int
         ) -> bool:
-            raise LeaseBackendError("down", backend="scripted", key=key)
+            raise LeaseBackendUnreachable("connection refused", backend="scripted", key=key)
 
     broken = BrokenTransfer(scripted.inner)
     async with leasekit.hold(broken, "k", "a", LONG_TTL_MS, renew_every_ms=5) as lease:
-        with pytest.raises(LeaseBackendError):
+        with pytest.raises(LeaseBackendUnreachable):
             await lease.transfer_to("b")
+        assert not lease.lost.is_set()
         renewed = broken.renewed
         await eventually(lambda: broken.renewed > renewed, "renewal to resume")
         assert lease.transferred_to is None
+
+
+async def test_a_transfer_with_an_unknown_outcome_loses_the_lease_before_raising(
+    scripted: ScriptedProvider, other: LeaseProvider
+) -> None:
+    class TimedOutTransfer(ScriptedProvider):
+        async def transfer_lease(
+            self, key: str, from_owner: str, to_owner: str, ttl_ms: int
+        ) -> bool:
+            raise LeaseBackendTimeout("no answer", backend="scripted", key=key)
+
+    broken = TimedOutTransfer(scripted.inner)
+    async with leasekit.hold(broken, "k", "a", LONG_TTL_MS, renew_every_ms=5) as lease:
+        with pytest.raises(LeaseLost) as caught:
+            await lease.transfer_to("b")
+        assert lease.lost.is_set()
+        assert lease.lost_reason == caught.value.reason == "transfer_unknown"
+        assert isinstance(caught.value.__cause__, LeaseBackendTimeout)
+        assert lease.remaining() == 0.0
+        assert lease.transferred_to is None
+    # Not released either: for all this holder knows, the key is b's now.
+    assert await other.get_lease_owner("k") == "a"
+    assert leasekit_tasks() == []
+
+
+@pytest.mark.parametrize("on_lost", ["cancel", "flag"])
+async def test_a_hung_transfer_is_cut_off_at_the_deadline_with_lost_already_set(
+    scripted: ScriptedProvider, on_lost: OnLost
+) -> None:
+    release = asyncio.Event()
+
+    class HungTransfer(ScriptedProvider):
+        async def transfer_lease(
+            self, key: str, from_owner: str, to_owner: str, ttl_ms: int
+        ) -> bool:
+            await release.wait()
+            return True
+
+    hung = HungTransfer(scripted.inner)
+    lease = leasekit.hold(
+        hung, "k", "a", 300, renew_every_ms=50, safety_margin_ms=100, on_lost=on_lost
+    )
+    async with LoopTurns() as turns:
+        at_loss: list[tuple[int, float]] = []
+        lease._add_lost_callback(lambda: at_loss.append((turns.count, time.monotonic())))
+        async with lease:
+            deadline = lease.valid_until
+            with pytest.raises(LeaseLost) as caught:
+                await lease.transfer_to("b")
+            raised_turn = turns.count
+            assert lease.lost.is_set()
+            assert caught.value.reason == lease.lost_reason == "transfer_unknown"
+            ((lost_turn, lost_at),) = at_loss
+            assert lost_at >= deadline
+            assert raised_turn - lost_turn <= 1  # the next loop turn
+        release.set()
+    assert leasekit_tasks() == []
 
 
 async def test_transfer_arguments_are_checked(provider: LeaseProvider) -> None:
@@ -508,6 +743,11 @@ async def test_transfer_arguments_are_checked(provider: LeaseProvider) -> None:
         (("k", "a", 1000), {"renew_every_ms": 0}, "renew_every_ms"),
         (("k", "a", 1), {}, "renew_every_ms"),
         (("k", "a", 1000), {"on_lost": "ignore"}, "on_lost"),
+        (("k", "a", 1000), {"safety_margin_ms": -1}, "safety_margin_ms"),
+        (("k", "a", 1000), {"safety_margin_ms": 10.0}, "safety_margin_ms"),
+        (("k", "a", 1000), {"safety_margin_ms": True}, "safety_margin_ms"),
+        (("k", "a", 1000), {"safety_margin_ms": 667}, "safety_margin_ms"),
+        (("k", "a", 1000), {"renew_every_ms": 900, "safety_margin_ms": 100}, "safety_margin_ms"),
         (("k", "a", 1000), {"wait_s": -1}, "wait_s"),
         (("k", "a", 1000), {"wait_s": True}, "wait_s"),
     ],

@@ -201,6 +201,33 @@ def test_a_lost_hold_sets_a_threading_event(leases: SyncLeaseProvider) -> None:
     assert leases.get_lease_owner("k") == "thief"  # not released by the loser
 
 
+def test_a_blocking_body_is_told_at_the_deadline_through_lost_and_remaining() -> None:
+    # The store stops answering: the loop thread sets lost at valid_until (no later
+    # than the TTL minus the margin), and remaining() reads 0 from the body's thread.
+    scripted = ScriptedProvider(leasekit.MemoryLeaseProvider())
+    with (
+        leasekit.sync.wrap(scripted) as leases,
+        leasekit.sync.hold(
+            leases, "job", "a", 400, renew_every_ms=50, safety_margin_ms=100
+        ) as lease,
+    ):
+        assert lease.safety_margin_ms == 100
+        assert lease.remaining() <= 0.3
+        scripted.renew_mode = "hang"
+        assert lease.lost.wait(PATIENCE_S)
+        told_at = time.monotonic()
+        assert told_at >= lease.valid_until
+        assert lease.remaining() == 0.0
+        assert lease.lost_reason == "expired"
+    assert scripted.hanging == 0
+
+
+def test_a_sync_hold_checks_its_safety_margin(leases: SyncLeaseProvider) -> None:
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        leasekit.sync.hold(leases, "k", "a", 1000, safety_margin_ms=1000)
+    assert caught.value.argument == "safety_margin_ms"
+
+
 def test_on_lost_raise_fails_the_block_after_a_loss(leases: SyncLeaseProvider) -> None:
     lease = leasekit.sync.hold(leases, "k", "a", LONG_TTL_MS, renew_every_ms=5, on_lost="raise")
 

@@ -1,0 +1,293 @@
+"""leasekit.testing: the fake clock, the memory store on it, fault injection, the fixtures.
+
+Every test here covers seconds to minutes of lease life on a fake clock without
+sleeping: no assertion waits for real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+import leasekit
+from leasekit import (
+    InvalidLeaseArgument,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
+    LeaseHeld,
+    LeaseLost,
+)
+from leasekit.testing import FakeClock, FaultyProvider, memory_provider
+
+pytestmark = pytest.mark.anyio
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+# -- the clock ---------------------------------------------------------------------------------
+
+
+async def test_time_moves_only_when_advanced() -> None:
+    clock = FakeClock(start=100.0)
+    assert clock.monotonic() == 100.0
+    await asyncio.sleep(0)
+    assert clock.monotonic() == 100.0
+    await clock.advance(1500)
+    assert clock.monotonic() == 101.5
+    assert clock.monotonic_ns() == 101_500_000_000
+    await clock.advance(0)
+    assert clock.monotonic() == 101.5
+
+
+async def test_sleepers_and_timers_wake_in_time_order_with_the_clock_at_their_time() -> None:
+    clock = FakeClock()
+    woke: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append((name, clock.monotonic()))
+
+    tasks = [asyncio.create_task(sleeper(n, s)) for n, s in [("c", 3), ("a", 1), ("b", 2)]]
+    clock.call_at(1.5, lambda: woke.append(("timer", clock.monotonic())))
+    cancelled = clock.call_at(1.7, lambda: woke.append(("cancelled", clock.monotonic())))
+    cancelled.cancel()
+    await clock.advance(2500)
+    assert woke == [("a", 1.0), ("timer", 1.5), ("b", 2.0)]
+    assert clock.pending == 1
+    await clock.advance(10_000)
+    assert woke[-1] == ("c", 3.0)
+    await asyncio.gather(*tasks)
+
+
+async def test_a_timer_armed_by_a_timer_fires_within_the_same_advance() -> None:
+    clock = FakeClock()
+    fired: list[float] = []
+
+    def again() -> None:
+        fired.append(clock.monotonic())
+        if len(fired) < 5:
+            clock.call_at(clock.monotonic() + 1, again)
+
+    clock.call_at(1, again)
+    await clock.advance(10_000)
+    assert fired == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("ms", [-1, math.nan, math.inf, True, "1"])
+async def test_advance_refuses_what_is_not_a_forward_step(ms: object) -> None:
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        await FakeClock().advance(ms)  # type: ignore[arg-type]
+    assert caught.value.argument == "ms"
+
+
+async def test_a_ticking_clock_also_follows_real_time() -> None:
+    clock = FakeClock(ticking=True)
+    start = clock.monotonic()
+    await clock.advance(60_000)
+    assert clock.monotonic() >= start + 60
+    before = clock.monotonic()
+    await asyncio.sleep(0.01)
+    assert clock.monotonic() > before
+    await clock.sleep(0.001)  # woken by the real loop, no advance needed
+
+
+# -- the memory store on the clock ------------------------------------------------------------
+
+
+async def test_a_lease_expires_when_the_clock_passes_its_ttl() -> None:
+    clock = FakeClock()
+    leases = memory_provider(clock)
+    assert leases.clock is clock
+    assert (await leases.acquire_lease("k", "a", 30_000)).acquired
+    await clock.advance(29_999)
+    assert await leases.get_lease_owner("k") == "a"
+    await clock.advance(1)
+    assert await leases.get_lease_owner("k") is None
+    assert (await leases.acquire_lease("k", "b", 30_000)).acquired
+
+
+async def test_connect_memory_takes_the_clock_as_an_option() -> None:
+    clock = FakeClock()
+    async with leasekit.connect("memory://", clock=clock) as leases:
+        await leases.acquire_lease("k", "a", 1000)
+        await clock.advance(1000)
+        assert await leases.get_lease_owner("k") is None
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        leasekit.connect("memory://shared", clock=clock)
+    assert caught.value.argument == "clock"
+    with pytest.raises(InvalidLeaseArgument, match="only the clock option"):
+        leasekit.connect("memory://", tick=1)
+
+
+# -- hold() and wait_for() on the clock ------------------------------------------------------
+
+
+async def test_a_hold_on_the_clock_keeps_its_lease_for_an_hour_of_renewals() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    async with leasekit.hold(leases, "job", "a", 30_000, clock=clock) as lease:
+        await clock.advance(3_600_000)
+        assert not lease.lost.is_set()
+        assert await leases.get_lease_owner("job") == "a"
+        assert leases.calls["renew"] == 360  # every 10 s for an hour
+        assert lease.valid_until == pytest.approx(3600 + 27)
+    assert await leases.get_lease_owner("job") is None
+
+
+async def test_failing_renewals_lose_the_lease_at_the_deadline_in_fake_time() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    lease = leasekit.hold(leases, "job", "a", 30_000, clock=clock)
+
+    async def work() -> None:
+        async with lease:
+            leases.fail_always(operation="renew")
+            await clock.advance(300_000)  # cancelled out of here at the deadline
+
+    with pytest.raises(LeaseLost) as caught:
+        await work()
+    assert caught.value.reason == lease.lost_reason == "expired"
+    assert isinstance(caught.value.__cause__, LeaseBackendTimeout)
+    assert leases.calls["renew"] >= 3  # retried until the deadline, not given up at once
+    # Lost at the deadline: 30 s - the 3 s margin after the grant, not one tick later.
+    assert clock.monotonic() == pytest.approx(27.0)
+    # The store still has it until its TTL: hold() stopped believing first.
+    assert await leases.get_lease_owner("job") == "a"
+    await clock.advance(3_000)
+    assert await leases.get_lease_owner("job") is None
+
+
+async def test_three_failed_renewals_then_one_that_works_keep_the_lease() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    async with leasekit.hold(leases, "job", "a", 30_000, clock=clock) as lease:
+        leases.fail_next(3, operation="renew", error=LeaseBackendUnreachable)
+        await clock.advance(20_000)  # first renewal at 10 s, retries back off from 1.25 s
+        assert leases.calls["renew"] >= 4
+        assert lease.valid_until > 27  # the fourth renewal moved the deadline on
+        assert not lease.lost.is_set()
+
+
+async def test_a_stalled_renewal_is_cut_off_at_the_deadline() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    async with leasekit.hold(leases, "job", "a", 30_000, on_lost="flag", clock=clock) as lease:
+        leases.stall_until(math.inf, operation="renew")
+        await clock.advance(60_000)
+        assert lease.lost_reason == "expired"
+        assert lease.remaining() == 0.0
+    assert clock.pending == 0  # the stalled call was cancelled with the renewer
+
+
+async def test_a_stall_until_a_point_then_runs() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    leases.stall_until(5.0, operation="acquire")
+    attempt = asyncio.create_task(leases.acquire_lease("k", "a", 60_000))
+    await clock.advance(4_999)
+    assert not attempt.done()
+    await clock.advance(1)
+    assert (await attempt).acquired
+    leases.heal()
+    assert (await leases.acquire_lease("k", "a", 60_000)).acquired
+
+
+async def test_heal_ends_a_stall_at_once() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    leases.stall_until(math.inf)
+    attempt = asyncio.create_task(leases.get_lease_owner("k"))
+    await clock.advance(1000)
+    assert not attempt.done()
+    leases.heal()
+    assert await attempt is None
+
+
+async def test_wait_for_on_the_clock_gets_the_key_when_the_holder_expires() -> None:
+    clock = FakeClock()
+    leases = memory_provider(clock)
+    await leases.acquire_lease("k", "first", 60_000)
+    waiter = asyncio.create_task(
+        leasekit.wait_for(leases, "k", "second", 60_000, timeout_s=120, clock=clock)
+    )
+    await clock.advance(59_000)
+    assert not waiter.done()
+    await clock.advance(2_000)  # the poll after the expiry
+    assert (await waiter).owner == "second"
+    late = asyncio.create_task(
+        leasekit.wait_for(leases, "k", "third", 1000, timeout_s=10, clock=clock)
+    )
+    await clock.advance(11_000)
+    with pytest.raises(LeaseHeld):
+        await late
+
+
+async def test_watch_owner_on_the_clock_sees_the_holder_expire() -> None:
+    clock = FakeClock()
+    leases = memory_provider(clock)
+    await leases.acquire_lease("k", "first", 60_000)
+    owners = leasekit.watch_owner(leases, "k", clock=clock)
+    assert await anext(owners) == "first"
+    change = asyncio.create_task(anext(owners))
+    await clock.advance(59_000)
+    assert not change.done()
+    await clock.advance(2_000)
+    assert await change is None
+    await owners.aclose()
+
+
+async def test_elect_passes_the_clock_to_its_hold() -> None:
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+
+    async def lead() -> None:
+        async with leasekit.elect(leases, "scheduler", "me", 30_000, clock=clock):
+            leases.fail_always(operation="renew")
+            await clock.advance(60_000)
+
+    with pytest.raises(LeaseLost):
+        await lead()
+
+
+async def test_fail_next_checks_its_arguments() -> None:
+    leases = FaultyProvider(memory_provider(FakeClock()))
+    with pytest.raises(InvalidLeaseArgument, match="operation"):
+        leases.fail_next(1, operation="renwe")
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        leases.fail_next(0)
+    assert caught.value.argument == "n"
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        leases.fail_next(1, error=ValueError)  # type: ignore[arg-type]
+    assert caught.value.argument == "error"
+    with pytest.raises(InvalidLeaseArgument) as caught:
+        FaultyProvider(leasekit.MemoryLeaseProvider()).stall_until(1.0)
+    assert caught.value.argument == "clock"
+
+
+async def test_faults_fail_without_touching_the_store() -> None:
+    leases = FaultyProvider(memory_provider(FakeClock()))
+    leases.fail_next(2, error=LeaseBackendUnreachable)
+    for _ in range(2):
+        with pytest.raises(LeaseBackendUnreachable) as caught:
+            await leases.acquire_lease("k", "a", 1000)
+        assert caught.value.key == "k"
+    assert await leases.get_lease_owner("k") is None
+    assert leases.calls["acquire"] == 2
+    assert leasekit.is_lease_provider(leases)
+
+
+# -- the pytest fixtures ----------------------------------------------------------------------
+
+
+async def test_the_fixtures_give_a_clock_and_a_faulty_store_on_it(
+    lease_clock: FakeClock, fake_leases: FaultyProvider
+) -> None:
+    assert lease_clock.monotonic() == 0.0
+    assert fake_leases.clock is lease_clock
+    await fake_leases.acquire_lease("k", "a", 1000)
+    await lease_clock.advance(1000)
+    assert await fake_leases.get_lease_owner("k") is None
