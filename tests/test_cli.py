@@ -138,6 +138,9 @@ def test_inspect_lists_live_leases(url: str) -> None:
 
 
 def test_inspect_of_an_empty_store_says_so(url: str) -> None:
+    # The store exists (a read never creates one) and holds no live lease.
+    leasekit("acquire", url, "gone", "c", "--ttl-ms", "60000")
+    leasekit("release", url, "gone", "c")
     run = leasekit("inspect", url)
     assert (run.returncode, run.stdout.strip()) == (0, "no live leases"), run.stderr
     leasekit("acquire", url, "other", "c", "--ttl-ms", "60000")
