@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from leasekit_contract import WAKE_UP_CHECKS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "third_party_backend"
@@ -241,13 +242,7 @@ def assert_whole_suite_passed(run: SuiteRun) -> None:
     # notifications: only the multi-process and the wake-up checks may skip. Fencing and
     # atomic transfer are declared, so they must run.
     skipped = sorted(name for (_, name), o in run.outcomes.items() if o == "skipped")
-    wake_ups = {
-        "test_a_release_wakes_a_waiter",
-        "test_a_transfer_wakes_a_waiter_who_is_still_denied",
-        "test_a_waiter_takes_a_dead_holders_key_after_its_expiry",
-        "test_a_lost_channel_wakes_waiters_and_waiting_still_works",
-    }
-    assert all("processes" in name or name in wake_ups for name in skipped), skipped
+    assert all("processes" in name or name in WAKE_UP_CHECKS for name in skipped), skipped
 
 
 @pytest.mark.slow  # the whole suite, in a child pytest

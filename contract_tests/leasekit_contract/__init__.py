@@ -55,7 +55,17 @@ pytest.register_assert_rewrite(
 from ._base import URL_KEY  # noqa: E402  (after the rewrite registration)
 from ._suite import LeaseProviderContract  # noqa: E402
 
-__all__ = ["LeaseProviderContract", "url_under_test"]
+WAKE_UP_CHECKS = frozenset(
+    {
+        "test_a_release_wakes_a_waiter",
+        "test_a_transfer_wakes_a_waiter_who_is_still_denied",
+        "test_a_waiter_takes_a_dead_holders_key_after_its_expiry",
+        "test_a_lost_channel_wakes_waiters_and_waiting_still_works",
+    }
+)
+"""The checks that skip on a backend declaring ``release_notifications=False``."""
+
+__all__ = ["WAKE_UP_CHECKS", "LeaseProviderContract", "url_under_test"]
 
 _SUITE_PATH = str(Path(__file__).with_name("_url_suite.py"))
 
