@@ -20,7 +20,7 @@ import concurrent.futures
 import contextlib
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -30,14 +30,18 @@ from ._contract import LeaseProvider, LeaseResult
 from ._errors import InvalidLeaseArgument, LeaseLost, LeaseProviderClosed
 from ._hold import _DEFAULT_MAX_POLL_S, _DEFAULT_POLL_S, LeaseHold
 from ._hold import wait_for as _async_wait_for
+from ._watch import watch_owner as _async_watch_owner
 
 __all__ = [
     "SyncLeaseHold",
     "SyncLeaseProvider",
     "SyncOnLost",
     "connect",
+    "elect",
     "hold",
+    "leaders",
     "wait_for",
+    "watch_owner",
     "wrap",
 ]
 
@@ -529,3 +533,59 @@ def hold(
         wait_s=wait_s,
     )
     return SyncLeaseHold(facade, lease, on_lost)
+
+
+def watch_owner(
+    provider: SyncLeaseProvider, key: str, *, poll_s: float = 0.5
+) -> Iterator[str | None]:
+    """The blocking :func:`leasekit.watch_owner`: the owner now, then at each change.
+
+    ``for owner in leasekit.sync.watch_owner(leases, key): ...``. Each step waits on the
+    facade's loop thread (woken by release notifications where the backend has them);
+    close the generator (or leave the ``for``) to stop watching.
+    """
+    facade = _facade(provider)
+    changes = _async_watch_owner(facade.provider, key, poll_s=poll_s)
+    try:
+        while True:  # watch_owner never ends by itself
+            yield facade.run(changes.__anext__)
+    finally:
+        if not facade.closed:
+            facade.run(changes.aclose)
+
+
+def leaders(
+    provider: SyncLeaseProvider, group: str, *, poll_s: float = 0.5
+) -> Iterator[str | None]:
+    """The blocking :func:`leasekit.leaders`: the leader of ``group`` now and at each change."""
+    return watch_owner(provider, group, poll_s=poll_s)
+
+
+def elect(
+    provider: SyncLeaseProvider,
+    group: str,
+    candidate: str,
+    ttl_ms: int,
+    *,
+    timeout_s: float | None = None,
+    renew_every_ms: int | None = None,
+    safety_margin_ms: int | None = None,
+    on_lost: SyncOnLost = "flag",
+) -> SyncLeaseHold:
+    """The blocking :func:`leasekit.elect`: campaign, then lead inside the ``with`` block.
+
+    Waits (woken by notifications where the backend has them) until ``candidate`` holds
+    the group's lease or ``timeout_s`` passes (:class:`leasekit.LeaseHeld`); leadership
+    is a :func:`hold`, so the body must check ``.lost`` or ``remaining()`` before each
+    side effect. Leaving the block resigns.
+    """
+    return hold(
+        provider,
+        group,
+        candidate,
+        ttl_ms,
+        renew_every_ms=renew_every_ms,
+        safety_margin_ms=safety_margin_ms,
+        on_lost=on_lost,
+        wait_s=timeout_s,
+    )

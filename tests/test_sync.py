@@ -328,3 +328,27 @@ def test_the_documented_example_prints_what_the_page_shows(tmp_path: Path) -> No
     assert run_example("sync_example.py", tmp_path) == documented_output(
         "sync.md", "sync_example.py"
     )
+
+
+def test_blocking_watch_owner_elect_and_leaders() -> None:
+    with leasekit.sync.connect("memory://") as leases:
+        changes = leasekit.sync.watch_owner(leases, "k", poll_s=0.01)
+        assert next(changes) is None
+        leases.acquire_lease("k", "alice", 60_000)
+        assert next(changes) == "alice"
+        leases.transfer_lease("k", "alice", "bob", 60_000)
+        assert next(changes) == "bob"
+        changes.close()
+
+        with leasekit.sync.elect(leases, "scheduler", "node-a", 60_000) as term:
+            assert term.owner == "node-a"
+            assert isinstance(term.token, int)
+            observed = leasekit.sync.leaders(leases, "scheduler", poll_s=0.01)
+            assert next(observed) == "node-a"
+            observed.close()
+            with (
+                pytest.raises(leasekit.LeaseHeld),
+                leasekit.sync.elect(leases, "scheduler", "node-b", 60_000, timeout_s=0.05),
+            ):
+                pass
+        assert leases.get_lease_owner("scheduler") is None  # resigned on exit
