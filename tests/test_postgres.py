@@ -1323,3 +1323,21 @@ async def test_no_message_or_repr_shows_the_password(
     right = urlunsplit(parts._replace(netloc=f"app:right-one@{parts.hostname}:{parts.port}"))
     async with PostgresLeaseProvider.from_url(right) as ok:
         assert "right-one" not in repr(ok)
+
+
+async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """``notifications=false``: no LISTEN, plain statements, waiters poll and still win."""
+    url = with_query(postgres_url, notifications="false")
+    async with leasekit.connect(url, table=postgres_table) as provider:
+        assert not provider.capabilities.release_notifications
+        assert type(provider).capabilities.release_notifications  # the class still can
+        await provider.acquire_lease("k", "alice", LONG_MS)
+        waiter = asyncio.ensure_future(
+            leasekit.wait_for(provider, "k", "bob", LONG_MS, 30.0, poll_s=0.01, max_poll_s=0.05)
+        )
+        await asyncio.sleep(0.05)
+        await provider.release_lease("k", "alice")
+        assert (await asyncio.wait_for(waiter, 30)).owner == "bob"
+        assert provider._listener._conn is None  # never listened
