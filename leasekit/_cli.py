@@ -171,10 +171,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--scenarios",
         nargs="+",
-        choices=("single", "concurrent", "contended"),
+        choices=("single", "concurrent", "contended", "handoff"),
         default=["single", "concurrent", "contended"],
         metavar="NAME",
-        help="any of single, concurrent, contended (default: all three)",
+        help="any of single, concurrent, contended (default: these three), and handoff: "
+        "how soon a waiting task holds a released key, with notifications and polling",
+    )
+    bench.add_argument(
+        "--handoffs", type=_positive_int, default=200, help="handoffs measured (default 200)"
     )
     bench.add_argument("--json", action="store_true", help="JSON output")
     return parser
@@ -475,19 +479,35 @@ def _bench(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"leasekit bench: {step}", file=sys.stderr, flush=True)
 
-    report = run_bench(
-        args.url,
-        seconds=args.seconds,
-        scenarios=args.scenarios,
-        rounds=args.rounds,
-        progress=progress,
-    )
-    if args.json:
-        print(json.dumps(report.to_json()))
-    else:
-        from rich.console import Console  # noqa: PLC0415
+    cycles = [name for name in args.scenarios if name != "handoff"]
+    if cycles:
+        report = run_bench(
+            args.url,
+            seconds=args.seconds,
+            scenarios=cycles,
+            rounds=args.rounds,
+            progress=progress,
+        )
+        if args.json:
+            print(json.dumps(report.to_json()))
+        else:
+            from rich.console import Console  # noqa: PLC0415
 
-        Console(width=max(Console().width, 100)).print(render_table(report))
+            Console(width=max(Console().width, 100)).print(render_table(report))
+    if "handoff" in args.scenarios:
+        from ._bench._handoff import format_report, run_handoff  # noqa: PLC0415
+
+        progress("handoff")
+        handoff = run_handoff(
+            args.url,
+            handoffs=args.handoffs,
+            takeovers=max(1, args.rounds * 3),
+            load_s=args.seconds,
+        )
+        if args.json:
+            print(json.dumps({"scenario": "handoff", "url": handoff.url, "rows": handoff.rows()}))
+        else:
+            print(format_report(handoff))
     return EXIT_OK
 
 

@@ -22,6 +22,7 @@ from servers import free_port
 import leasekit
 from leasekit._bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
 from leasekit._bench import _core as bench_core
+from leasekit._bench._handoff import run_handoff
 
 SHORT = ("--seconds", "0.15")
 REPORT_KEYS = {
@@ -400,3 +401,16 @@ def test_etcd_measures_leasekit_the_aetcd_floor_and_python_etcd3(etcd_url: str) 
             return found
 
     assert asyncio.run(left_behind()) == []
+
+
+def test_handoff_scenario_reports_notifications_beside_polling() -> None:
+    report = run_handoff("memory://", handoffs=5, takeovers=1, load_s=0.2, peers=False)
+    rows = {row["contender"]: row for row in report.rows()}
+    assert set(rows) == {"leasekit, notifications", "leasekit, polling"}
+    for row in rows.values():
+        assert row["rounds"] == 5
+        assert row["handoff_p50_ms"] is not None
+        assert row["takeover_p50_ms"] is not None
+        assert row["takeover_p50_ms"] >= 0  # taken after the TTL, never before
+    # Waiters on a held key send (next to) nothing while they wait with notifications.
+    assert rows["leasekit, notifications"]["waiting_requests_per_s_per_waiter"] < 1

@@ -27,6 +27,7 @@ from typing import Any
 from .. import connect, wait_for
 from .._capabilities import capabilities_of
 from .._contract import LeaseResult
+from ..backend import redact_url
 
 __all__ = ["HandoffReport", "run_handoff"]
 
@@ -268,7 +269,7 @@ def run_handoff(
 def format_report(report: HandoffReport) -> str:
     """A plain table of the report, one line per contender."""
     lines = [
-        f"handoff on {report.url}",
+        f"handoff on {redact_url(report.url)}",
         f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'takeover p50':>13} {'req/s/waiter':>13}",
     ]
 
