@@ -47,6 +47,9 @@ class EtcdReleaseListener:
         self._on_lost = lost
         self.hub = ReleaseHub(on_last=self._drop)
         self._watching: dict[str, tuple[Any, int]] = {}  # key -> (watcher, watch id)
+        # Every Watcher a watch was created on: each holds a gRPC stream open until it is
+        # shut down, which must happen before the event loop closes.
+        self._watchers: dict[int, Any] = {}
 
     async def watch(self, key: str, start: bytes, end: bytes) -> ReleaseWatch:
         """Watch ``key`` (records in ``[start, end)``); returns once etcd created the watch."""
@@ -73,6 +76,7 @@ class EtcdReleaseListener:
                     self._on_lost()
             self.hub.notify(key)
 
+        self._watchers[id(watcher)] = watcher
         callback = await watcher.add_callback(start, on_event, range_end=end, kind=EventKind.DELETE)
         self._watching[key] = (watcher, callback.watch_id)
 
@@ -85,7 +89,7 @@ class EtcdReleaseListener:
 
     async def aclose(self) -> None:
         """Cancel every watch and shut the watch streams down; waiters are woken."""
-        watchers = {id(watcher): watcher for watcher, _ in self._watching.values()}
+        watchers, self._watchers = self._watchers, {}
         self._watching.clear()
         for watcher in watchers.values():
             with contextlib.suppress(Exception):
