@@ -33,6 +33,7 @@ the member says the token expired.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+# How often wait_connected looks at a connecting channel's state.
+_STATE_POLL_S = 0.005
 
 Metadata = tuple[tuple[str, str], ...]
 Invoke = Callable[["_rpc.Stubs", Metadata, float], Awaitable[_T]]
@@ -211,10 +214,11 @@ class Member:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            try:
-                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
-            except (TimeoutError, asyncio.TimeoutError):
-                return False
+            # Look again shortly rather than await wait_for_state_change(): cancelling
+            # that at a timeout leaves gRPC's watch pending in its completion queue, and
+            # when it completes after this event loop closed, gRPC's poller raises
+            # "Event loop is closed" into whichever loop runs it next.
+            await asyncio.sleep(min(_STATE_POLL_S, remaining))
             state = channel.get_state(try_to_connect=True)
         return True
 
@@ -236,6 +240,8 @@ class Member:
         except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
             return False
         writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
         return False
 
     async def close(self) -> None:
