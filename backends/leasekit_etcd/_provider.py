@@ -130,7 +130,9 @@ class EtcdLeaseProvider(BackendProvider):
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=True,
-        release_notifications=True,
+        # Off until the watch streams are proven not to outlive their event loop (see
+        # docs/waiting.md): waiters poll. watch_release() works when called directly.
+        release_notifications=False,
     )
 
     def __init__(
