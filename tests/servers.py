@@ -626,7 +626,30 @@ def _unprivileged_account(
     )
 
 
-class PostgresServer(ServerProcess):
+class DataDirServer(ServerProcess):
+    """A server whose data directory is created (``_initialize``) before its first start.
+
+    A first start that fails leaves no data dir behind; a restart keeps its data.
+    """
+
+    data_dir: Path | None = None
+
+    def _initialize(self) -> Path:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        fresh = self.data_dir is None
+        try:
+            if fresh:
+                self._initialize()
+            super().start()
+        except BaseException:
+            if fresh:  # leave no data dir behind (a restart keeps its data for a retry)
+                self.stop()
+            raise
+
+
+class PostgresServer(DataDirServer):
     """``postgres`` with a fresh cluster of its own (``initdb``) on a loopback port.
 
     Durability against power loss is off (``fsync=off``, ``full_page_writes=off``), while
@@ -676,7 +699,7 @@ class PostgresServer(ServerProcess):
         os.chown(data_dir, *self.account)
         return data_dir
 
-    def _initdb(self) -> Path:
+    def _initialize(self) -> Path:
         data_dir = self._make_data_dir()
         self.data_dir = data_dir
         with self.log_path.open("ab") as log:
@@ -700,17 +723,6 @@ class PostgresServer(ServerProcess):
         if done.returncode != 0:
             raise ServerStartError(f"initdb exited with code {done.returncode}\n{self.log_tail()}")
         return data_dir
-
-    def start(self) -> None:
-        fresh = self.data_dir is None
-        try:
-            if fresh:
-                self._initdb()
-            super().start()
-        except BaseException:
-            if fresh:  # leave no data dir behind (a restart keeps its data for a retry)
-                self.stop()
-            raise
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None
@@ -1055,7 +1067,7 @@ def mariadb_ready(host: str, port: int, *, timeout_s: float = 1.0) -> bool:
     return len(header) == 4 and first == b"\x0a"
 
 
-class MariaDBServer(ServerProcess):
+class MariaDBServer(DataDirServer):
     """``mariadbd`` with a fresh data directory of its own on a loopback port.
 
     ``mariadb-install-db --no-defaults`` creates the data directory (no test database,
@@ -1086,7 +1098,7 @@ class MariaDBServer(ServerProcess):
         uid, gid = self.account
         return {"user": uid, "group": gid, "extra_groups": []}
 
-    def _install_db(self) -> Path:
+    def _initialize(self) -> Path:
         data_dir = Path(tempfile.mkdtemp(prefix="leasekit-mariadb-"))  # mode 0700
         if self.account is not None:
             os.chown(data_dir, *self.account)
@@ -1118,17 +1130,6 @@ class MariaDBServer(ServerProcess):
                 f"mariadb-install-db exited with code {done.returncode}\n{self.log_tail()}"
             )
         return data_dir
-
-    def start(self) -> None:
-        fresh = self.data_dir is None
-        try:
-            if fresh:
-                self._install_db()
-            super().start()
-        except BaseException:
-            if fresh:  # leave no data dir behind (a restart keeps its data for a retry)
-                self.stop()
-            raise
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None
