@@ -53,6 +53,12 @@ __all__ = [
 _T = TypeVar("_T")
 # How often wait_connected looks at a connecting channel's state.
 _STATE_POLL_S = 0.005
+# How long ``close`` lets gRPC deliver the last events of calls that were cancelled
+# (by a deadline, or by closing the channel under them). A cancelled call's final batch
+# completes in gRPC's core at once, but reaches this event loop through gRPC's poller
+# thread; if the loop closes first, gRPC forwards it to the closed loop later, from
+# whatever loop runs gRPC next, and that loop reports "Event loop is closed".
+_SETTLE_S = 0.25
 
 Metadata = tuple[tuple[str, str], ...]
 Invoke = Callable[["_rpc.Stubs", Metadata, float], Awaitable[_T]]
@@ -258,6 +264,10 @@ class Members:
         self.connect_timeout_s = connect_timeout_s
         self._pinned = 0
         self.last_failure: str | None = None
+        self._in_flight = 0
+        self._cancelled_at: float | None = None
+        self.streams_opened = False
+        """Set by a caller that opened a stream of its own (a watch) on a member's channel."""
 
     @property
     def pinned(self) -> Member:
@@ -334,18 +344,38 @@ class Members:
             if safe and len(self.members) > 1:
                 # A frozen member must leave time for the others.
                 remaining = min(remaining, max(0.25, remaining / 2))
-            if member.needs_token:
-                await member.authenticate(remaining)
+            self._in_flight += 1
             try:
+                if member.needs_token:
+                    await member.authenticate(remaining)
                 return await invoke(member.stubs, member.metadata, remaining)
+            except asyncio.CancelledError:
+                self._cancelled_at = loop.time()
+                raise
             except _rpc.AioRpcError as exc:
                 # An expired token is refused before anything is applied: renew, repeat.
                 if tries == 0 and _is_expired_token(exc) and member.authenticates:
                     member.forget_token()
                     continue
                 raise
+            finally:
+                self._in_flight -= 1
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
+        """Close every channel, then let gRPC deliver what the cancelled calls still owe.
+
+        Closing a channel cancels the calls still on it; a call a deadline cancelled
+        moments ago is in the same state. Both are given ``_SETTLE_S`` on this event
+        loop, so that no event of theirs outlives it.
+        """
+        loop = asyncio.get_running_loop()
+        cancelled = self._in_flight > 0 or self.streams_opened
         for member in self.members:
             await member.close()
+        settle_until = loop.time() + _SETTLE_S if cancelled else None
+        if self._cancelled_at is not None:
+            recent = self._cancelled_at + _SETTLE_S
+            settle_until = recent if settle_until is None else max(settle_until, recent)
+        if settle_until is not None and settle_until > loop.time():
+            await asyncio.sleep(settle_until - loop.time())

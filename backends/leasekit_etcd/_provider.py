@@ -375,6 +375,7 @@ class EtcdLeaseProvider(BackendProvider):
             if member.needs_token:
                 await member.authenticate(self.timeout_s)
             self._watcher = _rpc.release_watcher(member.stubs, member.metadata)
+            members.streams_opened = True
         return self._watcher
 
     def _forget_watcher(self) -> None:
