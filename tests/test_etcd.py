@@ -859,6 +859,9 @@ async def test_a_frozen_server_times_out_within_the_timeout(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
     timeout_s = 1.0
+    # A loaded machine runs the timer late; a backstop or a second attempt would show
+    # as a whole timeout more.
+    within_s = timeout_s + 0.5 * timeout_s
     loop = asyncio.get_running_loop()
     async with EtcdLeaseProvider.from_url(
         private_etcd_server.url, prefix=etcd_prefix, timeout_s=timeout_s
@@ -872,7 +875,7 @@ async def test_a_frozen_server_times_out_within_the_timeout(
             with pytest.raises(leasekit.LeaseBackendTimeout):
                 async with fresh:
                     pass
-            assert loop.time() - started < timeout_s + 0.1
+            assert loop.time() - started < within_s
             for call in (
                 lambda: provider.get_lease_owner("k"),
                 lambda: provider.acquire_lease("k", "a", 2_000),
@@ -881,7 +884,7 @@ async def test_a_frozen_server_times_out_within_the_timeout(
                 started = loop.time()
                 with pytest.raises(leasekit.LeaseBackendTimeout) as info:
                     await call()
-                assert loop.time() - started < timeout_s + 0.1
+                assert loop.time() - started < within_s
                 assert info.value.key == "k"
         finally:
             private_etcd_server.resume()
@@ -909,7 +912,7 @@ async def test_500_concurrent_tasks_on_one_provider_see_no_error(
     async def churn(task: int, until: float) -> None:
         nonlocal cycles
         loop = asyncio.get_running_loop()
-        while loop.time() < until:
+        while True:  # at least one cycle each, however late the task starts
             key = f"churn{task % 50}"
             try:
                 result = await provider.acquire_lease(key, f"t{task}", LONG_MS)
@@ -918,8 +921,12 @@ async def test_500_concurrent_tasks_on_one_provider_see_no_error(
                 cycles += 1
             except leasekit.LeaseError as exc:
                 errors.append(exc)
+            if loop.time() >= until:
+                return
 
-    async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix) as provider:
+    # What is tested is that nothing runs out (no pool, no stream limit): a generous
+    # timeout, so that a loaded machine's slow answers are not counted as errors.
+    async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix, timeout_s=60) as provider:
         until = asyncio.get_running_loop().time() + 2.0
         await asyncio.gather(*(churn(task, until) for task in range(500)))
     assert errors == []
