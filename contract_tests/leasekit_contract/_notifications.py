@@ -157,3 +157,51 @@ class NotificationChecks(ContractBase):
         finally:
             await changes.aclose()
         assert seen == [None, "alice", "bob", None]
+
+    async def test_elect_passes_leadership_on_and_leaders_reports_it(
+        self, provider: LeaseProvider
+    ) -> None:
+        t = Timing.of(provider)
+        group = KeySpace()("election")
+        terms: list[str] = []
+        elected = {name: anyio.Event() for name in ("alice", "bob")}
+        resign = {name: anyio.Event() for name in ("alice", "bob")}
+
+        async def candidate(name: str) -> None:
+            async with leasekit.elect(
+                provider, group, name, t.long_ttl_ms, timeout_s=WAKE_TIMEOUT_S
+            ) as term:
+                assert term.owner == name
+                terms.append(name)
+                elected[name].set()
+                await resign[name].wait()
+
+        async def next_leader(changes: Any) -> str | None:
+            leader: str | None = await anext(changes)
+            while leader is None:
+                leader = await anext(changes)
+            return leader
+
+        changes = leasekit.leaders(provider, group, poll_s=t.poll_s)
+        try:
+            with anyio.fail_after(WAKE_TIMEOUT_S):
+                assert await anext(changes) is None
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(candidate, "alice")
+                    await elected["alice"].wait()
+                    assert await next_leader(changes) == "alice"
+                    tasks.start_soon(candidate, "bob")
+                    # Bob campaigns while Alice leads: nobody else is elected meanwhile.
+                    await anyio.sleep(t.poll_s)
+                    assert terms == ["alice"], "a second candidate was elected beside the leader"
+                    check_denied(
+                        await provider.acquire_lease(group, "carol", t.long_ttl_ms), "alice", ""
+                    )
+                    resign["alice"].set()  # Alice resigns: Bob's campaign ends in his term
+                    await elected["bob"].wait()
+                    assert await next_leader(changes) == "bob"
+                    resign["bob"].set()
+        finally:
+            await changes.aclose()
+        assert terms == ["alice", "bob"]
+        assert await provider.get_lease_owner(group) is None, "a resigned leader kept the lease"
