@@ -21,7 +21,7 @@ from servers import free_port
 
 import leasekit
 from leasekit._bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
-from leasekit._bench import _core as bench_core
+from leasekit._bench import _schemes as bench_schemes
 from leasekit._bench._handoff import run_handoff
 
 SHORT = ("--seconds", "0.15")
@@ -241,7 +241,7 @@ def test_postgres_measures_leasekit_the_psycopg_floor_and_tooz(
     assert "bench_leases" in tables
     assert f"{report['namespace'].replace('-', '_')}_floor" not in tables
     assert left == (0,)
-    assert bench_core._scheme_bench("postgres") is bench_core._scheme_bench("postgresql")
+    assert bench_schemes.scheme_bench("postgres") is bench_schemes.scheme_bench("postgresql")
 
 
 def test_errors_exit_like_the_other_commands() -> None:
@@ -311,7 +311,7 @@ def test_a_scheme_plugs_in_a_floor_and_a_sync_peer(monkeypatch: pytest.MonkeyPat
         ),
         cleanup=cleanup,
     )
-    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    monkeypatch.setitem(bench_schemes._REGISTERED, "memory", bench)
     report = run_bench("memory://", seconds=0.05, scenarios=["single", "contended"])
     assert cleaned == [report.namespace]
     assert [(r.contender, r.scenario) for r in report.results] == [
@@ -340,7 +340,7 @@ def test_a_failing_peer_is_reported_and_a_failing_leasekit_raises(
         raise RuntimeError("peer exploded\nsecond line")
 
     bench = SchemeBench(contenders=(Contender("broken", "broken", "peer", open_sync=broken),))
-    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    monkeypatch.setitem(bench_schemes._REGISTERED, "memory", bench)
     report = run_bench("memory://", seconds=0.05, scenarios=["single"])
     failed = report.result("broken", "single")
     assert failed is not None
