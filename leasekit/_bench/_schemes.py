@@ -105,6 +105,13 @@ def _load(scheme: str, claim: _Claim) -> SchemeBench:
         raise  # the backend already said what is missing and how to add it
     except ModuleNotFoundError as exc:
         missing = exc.name or "?"
+        module = module_name.strip()
+        if module == missing or module.startswith(missing + "."):
+            raise BackendUnavailable(
+                f"the benchmark of scheme {scheme!r} ({claim.describe()}) is broken: its "
+                f"module {missing!r} is not installed; reinstall the distribution",
+                scheme=scheme,
+            ) from exc
         if claim.distribution and claim.extras:
             fix = f"pip install '{claim.distribution}[{','.join(claim.extras)}]'"
         elif claim.distribution:
