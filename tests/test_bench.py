@@ -245,6 +245,54 @@ def test_postgres_measures_leasekit_the_psycopg_floor_and_tooz(
     assert bench_schemes.scheme_bench("postgres") is bench_schemes.scheme_bench("postgresql")
 
 
+def test_the_postgres_floor_reads_the_url_as_the_provider_does(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Every provider option is the provider's to the floor too; a refused URL is refused."""
+    import asyncio  # noqa: PLC0415
+    import uuid  # noqa: PLC0415
+
+    import psycopg  # noqa: PLC0415 (the PostgreSQL tests' own dependency)
+
+    options = {
+        "table": f"{postgres_schema}.floor_leases",
+        "notifications": "false",  # never a libpq parameter
+        "sweep_every": "0",
+        "pool_max_size": "2",
+        "server_timeout": "false",
+    }
+    separator = "&" if "?" in postgres_url else "?"
+    url = postgres_url + separator + "&".join(f"{k}={v}" for k, v in options.items())
+    bench = bench_schemes.scheme_bench("postgresql")
+    (floor,) = [c for c in bench.contenders if c.role == "floor"]
+    assert floor.open_async is not None
+    assert bench.cleanup is not None
+    target = BenchTarget(url, 30_000, f"leasekit-bench-{uuid.uuid4().hex[:10]}")
+    table = f"{target.namespace.replace('-', '_')}_floor"
+
+    async def cycles() -> tuple[list[bool], bool]:
+        assert floor.open_async is not None
+        assert bench.cleanup is not None
+        cycler = await floor.open_async(target)
+        try:
+            done = [await cycler.cycle(f"{target.namespace}:k", "o") for _ in range(3)]
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                found = conn.execute(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = %s",
+                    (postgres_schema, table),
+                ).fetchone()
+            return done, found == (1,)
+        finally:
+            await cycler.aclose()
+            await bench.cleanup(target)
+
+    # The floor's table sits beside leasekit's, in the schema of the URL's table option.
+    assert asyncio.run(cycles()) == ([True, True, True], True)
+    refused = BenchTarget(f"{url}&sweep_grace_s=1&timeout_s=5", 30_000, target.namespace)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="sweep_grace_s"):
+        asyncio.run(floor.open_async(refused))
+
+
 def test_errors_exit_like_the_other_commands() -> None:
     bad_url = leasekit_cli("bench", "not a url", *SHORT)
     assert bad_url.returncode == 2
