@@ -4,7 +4,7 @@
 
 First ``leasekit bench URL ...`` (options ``--seconds``, ``--rounds``, ``--scenarios``,
 ``--json`` are its own): leasekit, the raw aetcd floor and python-etcd3's ``Lock`` in
-a child process (``leasekit/_bench/_etcd.py`` says how each cycle works). Then, unless
+a child process (``backends/leasekit_etcd/_bench.py`` says how each cycle works). Then, unless
 ``--json``, the RPCs per cycle that the server counted (its ``/metrics``) while each
 contender did 200 acquire+release cycles, one at a time: what a cycle costs on the
 wire, measured, not assumed. That needs the URL's first endpoint to serve
@@ -25,10 +25,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from leasekit._bench import BenchTarget, Contender
-from leasekit._bench._core import LEASEKIT
-from leasekit._bench._etcd import BENCH
 from leasekit._cli import main as leasekit_main
+from leasekit.bench import LEASEKIT, BenchTarget, Contender, scheme_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 # tests/servers.py is the harness the test suite starts its servers with.
@@ -88,8 +86,9 @@ def count_cycles(url: str, contender: Contender) -> str:
         finally:
             cycler.close()
         counts.append(rpc_counts(url))
-    if BENCH.cleanup is not None:
-        asyncio.run(BENCH.cleanup(target))
+    bench = scheme_bench("etcd")
+    if bench.cleanup is not None:
+        asyncio.run(bench.cleanup(target))
     before, after = counts
     if before is None or after is None:
         return "- (no /metrics)"
@@ -100,7 +99,7 @@ def count_cycles(url: str, contender: Contender) -> str:
 
 def print_rpcs(url: str) -> None:
     print(f"\nRPCs per acquire+release cycle, as etcd counted them ({COUNTED_CYCLES} cycles):")
-    for contender in (LEASEKIT, *BENCH.contenders):
+    for contender in (LEASEKIT, *scheme_bench("etcd").contenders):
         missing = contender.missing()
         if missing:
             counted = f"skipped: {', '.join(missing)} not installed"

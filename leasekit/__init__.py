@@ -8,7 +8,8 @@ The contract is :class:`LeaseProvider`; :func:`connect` opens a backend by URL
 resources a lease protects in :mod:`leasekit.fencing`; event plugins in
 :mod:`leasekit.plugins` (hook specs in :mod:`leasekit.hookspecs`, implementations
 marked with :data:`hookimpl`); a fake clock and fault injection for tests in
-:mod:`leasekit.testing` (the :class:`Clock` protocol is the seam they plug into).
+:mod:`leasekit.testing` (the :class:`Clock` protocol is the seam they plug into); what a
+backend needs to join ``leasekit bench`` in :mod:`leasekit.bench`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ._registry import BackendInfo, BackendRegistry
 from ._watch import elect, leaders, watch_owner
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
+    from . import bench as bench
     from . import fencing as fencing
     from . import hookspecs as hookspecs
     from . import plugins as plugins
@@ -145,7 +147,7 @@ def available_backends(*, check: bool = False) -> list[BackendInfo]:
 # Loaded on first access, so that ``import leasekit`` never imports pluggy: only code
 # that uses plugins (or the blocking API, the fencing guards, the test helpers) pays
 # for them.
-_LAZY_MODULES = frozenset({"fencing", "hookspecs", "plugins", "sync", "testing"})
+_LAZY_MODULES = frozenset({"bench", "fencing", "hookspecs", "plugins", "sync", "testing"})
 
 
 def __getattr__(name: str) -> Any:

@@ -473,7 +473,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ._bench import render_table, run_bench  # noqa: PLC0415 (loaded for this command only)
+    from ._bench import (  # noqa: PLC0415 (loaded for this command only)
+        render_json,
+        render_table,
+        run_bench,
+    )
 
     def progress(step: str) -> None:
         if sys.stderr.isatty():
@@ -489,7 +493,7 @@ def _bench(args: argparse.Namespace) -> int:
             progress=progress,
         )
         if args.json:
-            print(json.dumps(report.to_json()))
+            print(render_json(report))
         else:
             from rich.console import Console  # noqa: PLC0415
 

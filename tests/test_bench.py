@@ -7,6 +7,7 @@ PostgreSQL. Nothing here compares rates between contenders: on a shared machine 
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import sqlite3
@@ -21,7 +22,7 @@ from servers import free_port
 
 import leasekit
 from leasekit._bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
-from leasekit._bench import _core as bench_core
+from leasekit._bench import _schemes as bench_schemes
 from leasekit._bench._handoff import run_handoff
 
 SHORT = ("--seconds", "0.15")
@@ -241,7 +242,55 @@ def test_postgres_measures_leasekit_the_psycopg_floor_and_tooz(
     assert "bench_leases" in tables
     assert f"{report['namespace'].replace('-', '_')}_floor" not in tables
     assert left == (0,)
-    assert bench_core._scheme_bench("postgres") is bench_core._scheme_bench("postgresql")
+    assert bench_schemes.scheme_bench("postgres") is bench_schemes.scheme_bench("postgresql")
+
+
+def test_the_postgres_floor_reads_the_url_as_the_provider_does(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Every provider option is the provider's to the floor too; a refused URL is refused."""
+    import asyncio  # noqa: PLC0415
+    import uuid  # noqa: PLC0415
+
+    import psycopg  # noqa: PLC0415 (the PostgreSQL tests' own dependency)
+
+    options = {
+        "table": f"{postgres_schema}.floor_leases",
+        "notifications": "false",  # never a libpq parameter
+        "sweep_every": "0",
+        "pool_max_size": "2",
+        "server_timeout": "false",
+    }
+    separator = "&" if "?" in postgres_url else "?"
+    url = postgres_url + separator + "&".join(f"{k}={v}" for k, v in options.items())
+    bench = bench_schemes.scheme_bench("postgresql")
+    (floor,) = [c for c in bench.contenders if c.role == "floor"]
+    assert floor.open_async is not None
+    assert bench.cleanup is not None
+    target = BenchTarget(url, 30_000, f"leasekit-bench-{uuid.uuid4().hex[:10]}")
+    table = f"{target.namespace.replace('-', '_')}_floor"
+
+    async def cycles() -> tuple[list[bool], bool]:
+        assert floor.open_async is not None
+        assert bench.cleanup is not None
+        cycler = await floor.open_async(target)
+        try:
+            done = [await cycler.cycle(f"{target.namespace}:k", "o") for _ in range(3)]
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                found = conn.execute(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = %s",
+                    (postgres_schema, table),
+                ).fetchone()
+            return done, found == (1,)
+        finally:
+            await cycler.aclose()
+            await bench.cleanup(target)
+
+    # The floor's table sits beside leasekit's, in the schema of the URL's table option.
+    assert asyncio.run(cycles()) == ([True, True, True], True)
+    refused = BenchTarget(f"{url}&sweep_grace_s=1&timeout_s=5", 30_000, target.namespace)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="sweep_grace_s"):
+        asyncio.run(floor.open_async(refused))
 
 
 def test_errors_exit_like_the_other_commands() -> None:
@@ -311,7 +360,7 @@ def test_a_scheme_plugs_in_a_floor_and_a_sync_peer(monkeypatch: pytest.MonkeyPat
         ),
         cleanup=cleanup,
     )
-    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    monkeypatch.setitem(bench_schemes._REGISTERED, "memory", bench)
     report = run_bench("memory://", seconds=0.05, scenarios=["single", "contended"])
     assert cleaned == [report.namespace]
     assert [(r.contender, r.scenario) for r in report.results] == [
@@ -340,7 +389,7 @@ def test_a_failing_peer_is_reported_and_a_failing_leasekit_raises(
         raise RuntimeError("peer exploded\nsecond line")
 
     bench = SchemeBench(contenders=(Contender("broken", "broken", "peer", open_sync=broken),))
-    monkeypatch.setitem(bench_core._SCHEMES, "memory", bench)
+    monkeypatch.setitem(bench_schemes._REGISTERED, "memory", bench)
     report = run_bench("memory://", seconds=0.05, scenarios=["single"])
     failed = report.result("broken", "single")
     assert failed is not None
@@ -414,3 +463,220 @@ def test_handoff_scenario_reports_notifications_beside_polling() -> None:
         assert row["takeover_p50_ms"] >= 0  # taken after the TTL, never before
     # Waiters on a held key send (next to) nothing while they wait with notifications.
     assert rows["leasekit, notifications"]["waiting_requests_per_s_per_waiter"] < 1
+
+
+# -- where the floors and peers come from: the leasekit.bench entry-point group -----------
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE_BENCH = [*sorted((ROOT / "leasekit" / "_bench").glob("*.py")), ROOT / "leasekit" / "bench.py"]
+# Every in-tree scheme and the backend package that must serve its benchmark.
+IN_TREE = {
+    "sqlite": "leasekit_sqlite",
+    "redis": "leasekit_redis",
+    "rediss": "leasekit_redis",
+    "postgresql": "leasekit_postgres",
+    "postgres": "leasekit_postgres",
+    "etcd": "leasekit_etcd",
+    "etcds": "leasekit_etcd",
+    "mysql": "leasekit_mysql",
+    "mariadb": "leasekit_mysql",
+}
+BACKEND_PACKAGES = sorted(set(IN_TREE.values()))
+
+
+def _names_used(path: Path) -> set[str]:
+    """Modules ``path`` imports, and every string in its code that is not a docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            names.add(node.value)
+    return names
+
+
+def test_the_core_benchmark_names_no_backend() -> None:
+    assert len(CORE_BENCH) >= 6  # the package's modules and leasekit/bench.py
+    for path in CORE_BENCH:
+        used = _names_used(path)
+        named = {name for name in used for package in BACKEND_PACKAGES if package in name}
+        assert not named, f"{path.relative_to(ROOT)} names {sorted(named)}"
+
+
+def test_running_the_core_imports_no_backend() -> None:
+    script = (
+        "import sys\n"
+        "import leasekit.bench\n"
+        "from leasekit._bench import _handoff, _model, _report, _runner, _schemes\n"
+        "report = leasekit.bench.run_bench('memory://', seconds=0.02, scenarios=['single'])\n"
+        "leasekit.bench.render_table(report)\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] in sys.argv[1:]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, *BACKEND_PACKAGES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+def test_only_the_bench_of_the_scheme_under_test_is_imported(tmp_path: Path) -> None:
+    drivers = ("redis", "psycopg", "psycopg_pool", "aetcd", "asyncmy", "tooz", "etcd3")
+    script = (
+        "import sys\n"
+        "from leasekit.bench import run_bench\n"
+        "report = run_bench(sys.argv[1], seconds=0.02, scenarios=['single'])\n"
+        "print([r.contender for r in report.results])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('leasekit_') and '_bench' in m))\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] in sys.argv[2:]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, f"sqlite:///{tmp_path / 'lazy.db'}", *drivers],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    contenders, benches, loaded_drivers = run.stdout.splitlines()
+    assert contenders == "['leasekit', 'sqlite-raw']"
+    assert benches == "['leasekit_sqlite._bench']"
+    assert loaded_drivers == "[]"
+
+
+def test_every_in_tree_scheme_declares_its_bench_in_its_own_backend() -> None:
+    from importlib import metadata  # noqa: PLC0415
+
+    declared = {
+        ep.name: ep
+        for ep in metadata.entry_points(group=bench_schemes.ENTRY_POINT_GROUP)
+        if ep.dist is not None and ep.dist.name == "leasekit"
+    }
+    assert set(declared) == set(IN_TREE)
+    backends = {
+        ep.name: ep
+        for ep in metadata.entry_points(group="leasekit.backends")
+        if ep.dist is not None and ep.dist.name == "leasekit"
+    }
+    for scheme, package in IN_TREE.items():
+        entry = declared[scheme]
+        assert entry.module == f"{package}._bench", entry
+        assert entry.extras == backends[scheme].extras  # the backend's extra, no other
+        bench = bench_schemes.scheme_bench(scheme)
+        floors = [c for c in bench.contenders if c.role == "floor"]
+        assert len(floors) == 1, scheme
+        opener = floors[0].open_async or floors[0].open_sync
+        assert getattr(opener, "__module__", None) == f"{package}._bench"
+        assert bench.contenders  # and every contender is the backend's own
+    assert bench_schemes.scheme_bench("memory") == SchemeBench()  # leasekit alone
+
+
+def _distribution(root: Path, name: str, entry_points: str, module: str = "") -> None:
+    """A minimal installed distribution under ``root``: its metadata and one module."""
+    info = root / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    if module:
+        (root / f"{name}.py").write_text(module)
+
+
+_THIRD_PARTY_BENCH = """
+from leasekit.bench import BenchTarget, Contender, SchemeBench
+
+
+class Floor:
+    async def cycle(self, key: str, owner: str) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def open_floor(target: BenchTarget) -> Floor:
+    OPENED.append(target.url)
+    return Floor()
+
+
+OPENED: list[str] = []
+BENCH = SchemeBench(
+    contenders=(Contender("joined-floor", "joined floor", "floor", open_async=open_floor),)
+)
+"""
+
+
+def test_a_third_party_scheme_joins_through_the_entry_point_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _distribution(
+        tmp_path,
+        "bench_joiner",
+        "[leasekit.bench]\nmemory = bench_joiner:BENCH\n",
+        _THIRD_PARTY_BENCH,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        report = run_bench("memory://", seconds=0.05, scenarios=["single"])
+        joiner = sys.modules["bench_joiner"]
+    finally:
+        sys.modules.pop("bench_joiner", None)
+    assert [r.contender for r in report.results] == ["leasekit", "joined-floor"]
+    floor = report.result("joined-floor", "single")
+    assert floor is not None
+    assert (floor.role, floor.ratio_to_floor, floor.error) == ("floor", 1.0, None)
+    assert joiner.OPENED == ["memory://"]
+
+
+def test_register_scheme_wins_over_an_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _distribution(tmp_path, "bench_loser", "[leasekit.bench]\nmemory = bench_loser:BENCH\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = SchemeBench(contenders=(Contender("mine", "mine", "floor", open_async=_open_floor),))
+    monkeypatch.setitem(bench_schemes._REGISTERED, "memory", mine)
+    assert bench_schemes.scheme_bench("MEMORY") is mine  # bench_loser is never imported
+
+
+def test_a_scheme_claimed_twice_or_broken_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("bench_one", "bench_two"):
+        _distribution(tmp_path / name, name, f"[leasekit.bench]\nmemory = {name}:BENCH\n")
+        monkeypatch.syspath_prepend(str(tmp_path / name))
+    with pytest.raises(leasekit.BackendUnavailable, match="claimed twice") as twice:
+        run_bench("memory://", seconds=0.05)
+    for name in ("bench_one", "bench_two"):
+        assert f"{name}:BENCH from distribution {name!r}" in str(twice.value)
+
+    broken = tmp_path / "broken"
+    entry_points = "[leasekit.bench]\nnoop = bench_needs:BENCH [fast]\nmem0 = bench_wrong:BENCH\n"
+    entry_points += "mem1 = bench_gone:BENCH\n"
+    _distribution(broken, "bench_needs", entry_points, "import no_such_dependency_here\n")
+    (broken / "bench_wrong.py").write_text("BENCH = 1\n")
+    monkeypatch.syspath_prepend(str(broken))
+    try:
+        with pytest.raises(leasekit.BackendUnavailable, match=r"pip install 'bench.needs\[fast\]'"):
+            bench_schemes.scheme_bench("noop")
+        with pytest.raises(leasekit.BackendUnavailable, match=r"not a leasekit\.bench\.Scheme"):
+            bench_schemes.scheme_bench("mem0")
+        with pytest.raises(leasekit.BackendUnavailable, match=r"'bench_gone' is not installed"):
+            bench_schemes.scheme_bench("mem1")
+    finally:
+        sys.modules.pop("bench_wrong", None)

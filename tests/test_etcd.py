@@ -219,7 +219,7 @@ def test_endpoint_lists_with_ipv6_members_parse(url: str, endpoints: tuple[str, 
 
 
 def test_the_benchmark_reads_an_endpoint_list_with_ipv6_members() -> None:
-    from leasekit._bench._etcd import _endpoint  # noqa: PLC0415 (the benchmark's own parser)
+    from leasekit_etcd._bench import _endpoint  # noqa: PLC0415 (the benchmark's own parser)
 
     endpoint = _endpoint("etcd://u:p%40ss@10.0.0.1,[::1]:2380?prefix=x%2F")
     assert (endpoint.host, endpoint.port, endpoint.username, endpoint.password) == (

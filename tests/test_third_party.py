@@ -15,6 +15,7 @@ as an author's run would; outcomes are read from its JUnit XML report.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -269,6 +270,38 @@ def test_example_backend_is_found_through_its_entry_point(
     assert listed == "leasekit-dictstore leasekit_dictstore:DictLeaseProvider True"
     assert loaded == "leasekit_dictstore DictLeaseProvider"
     assert Path(location).is_relative_to(installed_plugin), location
+
+
+def test_example_backend_joins_leasekit_bench_through_its_entry_point(
+    installed_plugin: Path, tmp_path: Path
+) -> None:
+    """``leasekit bench dictstore://`` measures the plugin's own floor, found by metadata.
+
+    Nothing registers the scheme: the floor comes from the installed copy's
+    ``leasekit.bench`` entry point, and it is the only bench module imported.
+    """
+    script = (
+        "import json, sys\n"
+        "from leasekit.bench import run_bench\n"
+        "report = run_bench('dictstore://bench', seconds=0.05, scenarios=['single', 'contended'])\n"
+        "print(json.dumps(report.to_json()))\n"
+        "print(sys.modules['leasekit_dictstore._bench'].__file__)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('leasekit_') and '_bench' in m))\n"
+    )
+    output, location, benches = run_python(script, pythonpath=[installed_plugin], cwd=tmp_path)
+    report = json.loads(output)
+    rows = {(r["contender"], r["scenario"]): r for r in report["results"]}
+    assert set(rows) == {
+        (contender, scenario)
+        for contender in ("leasekit", "dictstore-raw")
+        for scenario in ("single", "contended")
+    }
+    floor = rows["dictstore-raw", "single"]
+    assert (floor["role"], floor["error"], floor["ratio_to_floor"]) == ("floor", None, 1.0)
+    assert floor["cycles"] > 0
+    assert rows["leasekit", "single"]["cycles"] > 0
+    assert Path(location).is_relative_to(installed_plugin), location
+    assert benches == "['leasekit_dictstore._bench']"
 
 
 @pytest.mark.slow  # the whole suite, in a child pytest

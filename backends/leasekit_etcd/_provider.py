@@ -24,6 +24,7 @@ import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from leasekit import (
@@ -37,6 +38,7 @@ from leasekit import (
 )
 from leasekit.backend import (
     BackendProvider,
+    Endpoint,
     ErrorMap,
     LeaseRecord,
     Option,
@@ -53,7 +55,7 @@ from ._members import Credentials, Member, Members, TlsFiles
 from ._notify import EtcdReleaseListener
 from ._operation import Operation
 
-__all__ = ["EtcdLeaseProvider"]
+__all__ = ["EtcdLeaseProvider", "EtcdURLSettings", "url_settings"]
 
 _T = TypeVar("_T")
 _SCHEMES = ("etcd", "etcds")
@@ -92,6 +94,54 @@ OPTIONS = OptionSet(
         *(Option(name, str) for name in _TLS_FILES),
     ],
 )
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdURLSettings:
+    """An ``etcd://`` URL and ``from_url``'s keyword options, parsed and checked.
+
+    ``options`` holds the provider's options, defaults filled in (``prefix``,
+    ``timeout_s``, ``connect_timeout_s``, and ``username``/``password``, the URL's
+    unless given); ``tls_files`` the PEM paths of ``etcds://`` (not read here). The
+    benchmark's floor and peer (``leasekit_etcd._bench``) connect from the same
+    settings as the provider.
+    """
+
+    endpoints: tuple[Endpoint, ...]
+    tls: bool
+    options: dict[str, Any]
+    tls_files: dict[str, str | None]
+
+
+def url_settings(url: str, **options: Any) -> EtcdURLSettings:
+    """Parse ``url`` and ``options`` as :meth:`EtcdLeaseProvider.from_url` does; no I/O.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` for anything ``from_url`` refuses.
+    """
+    parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
+    if parsed.path not in ("", "/") or parsed.fragment:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"must be etcd://host:port[,host:port...] with no path, got {parsed.redacted!r}",
+        )
+    if not parsed.endpoints:
+        raise InvalidLeaseArgument.for_argument(
+            "url", f"must name at least one host[:port], got {parsed.redacted!r}"
+        )
+    values = OPTIONS.parse(parsed.query, options, url=url).values
+    given = {name for name, _ in parsed.query} | set(options)
+    if "username" not in given:
+        values["username"] = parsed.username
+    if "password" not in given:
+        values["password"] = parsed.password
+    tls = parsed.scheme == "etcds"
+    tls_files: dict[str, str | None] = {name: values.pop(name) for name in _TLS_FILES}
+    for name, path in tls_files.items():
+        if path is not None and not tls:
+            raise InvalidLeaseArgument.for_argument(name, "is a TLS setting: use etcds://")
+    return EtcdURLSettings(tuple(parsed.endpoints), tls, values, tls_files)
+
+
 _LIMIT = Option("limit", int, 1000, minimum=1)
 
 
@@ -208,36 +258,18 @@ class EtcdLeaseProvider(BackendProvider):
         keyword arguments, which win. Anything else is an
         :class:`~leasekit.InvalidLeaseArgument`. No network I/O.
         """
-        parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
-        if parsed.path not in ("", "/") or parsed.fragment:
-            raise InvalidLeaseArgument.for_argument(
-                "url",
-                f"must be etcd://host:port[,host:port...] with no path, got {parsed.redacted!r}",
-            )
-        if not parsed.endpoints:
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"must name at least one host[:port], got {parsed.redacted!r}"
-            )
-        values = OPTIONS.parse(parsed.query, options, url=url).values
-        given = {name for name, _ in parsed.query} | set(options)
-        if "username" not in given:
-            values["username"] = parsed.username
-        if "password" not in given:
-            values["password"] = parsed.password
-        tls = parsed.scheme == "etcds"
-        pem: dict[str, bytes | None] = {}
-        for name in _TLS_FILES:
-            path = values.pop(name)
-            if path is not None and not tls:
-                raise InvalidLeaseArgument.for_argument(name, "is a TLS setting: use etcds://")
-            pem[name] = None if path is None else _read_pem(name, path)
+        settings = url_settings(url, **options)
+        pem = {
+            name: None if path is None else _read_pem(name, path)
+            for name, path in settings.tls_files.items()
+        }
         return cls(
-            endpoints=[str(endpoint) for endpoint in parsed.endpoints],
-            tls=tls,
+            endpoints=[str(endpoint) for endpoint in settings.endpoints],
+            tls=settings.tls,
             ca=pem["ca_file"],
             cert=pem["cert_file"],
             key=pem["key_file"],
-            **values,
+            **settings.options,
         )
 
     # -- one operation: its deadline, its round trips, its errors ---------------------

@@ -1,6 +1,7 @@
 """MySQL/MariaDB: the raw asyncmy floor and tooz's driver for ``leasekit bench mysql://``.
 
-Imported only when a ``mysql://`` or ``mariadb://`` URL is benchmarked. The floor is
+Registered in the ``leasekit.bench`` entry-point group for ``mysql`` and ``mariadb``,
+and imported only when such a URL is benchmarked. The floor is
 the backend's own statements run by hand: its acquire (reading the token from the OK
 packet) and release, for a table of the floor's own, executed on asyncmy's pool of
 autocommit connections sized like leasekit's (the URL's ``pool_min_size`` and
@@ -14,9 +15,6 @@ documentation shows: a lock object per acquisition, ``GET_LOCK(name, 0)`` on a
 connection of the lock's own that it opens on acquire and closes on release or denial,
 so every tooz cycle connects to the server again. Its locks live as long as that
 connection, with no TTL and no fencing token.
-
-The cycles come from leasekit's generic runner (``leasekit._bench``), which is not yet
-a public API; this module is the one place in the backend that imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from leasekit._bench._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
 __all__ = ["BENCH"]
 

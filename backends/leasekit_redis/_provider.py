@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
@@ -60,7 +60,7 @@ from leasekit.backend import (
 from . import _keys, _replies
 from ._notify import RedisReleaseListener
 
-__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
+__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider", "RedisURLSettings", "url_settings"]
 
 RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
 """The clients the provider accepts: redis-py's asyncio client, single server or cluster."""
@@ -126,6 +126,69 @@ _OPTION_SETS = {
     ),
     "rediss": OptionSet("redis", _OPTIONS, driver=_DRIVER_QUERY),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class RedisURLSettings:
+    """A ``redis://`` URL and ``from_url``'s keyword options, parsed and checked.
+
+    ``driver_url`` is the URL redis-py reads: host, port, database, credentials and
+    the connection settings that pass through, without leasekit's options. The rest
+    are leasekit's options, defaults filled in. The benchmark's floor and peers
+    (``leasekit_redis._bench``) connect from the same settings as the provider.
+    """
+
+    driver_url: str
+    redacted: str
+    prefix: str
+    timeout_s: float
+    counter_ttl_ms: int | None
+    cluster: bool
+    max_connections: int
+
+
+def url_settings(url: str, **options: Any) -> RedisURLSettings:
+    """Parse ``url`` and ``options`` as :meth:`RedisLeaseProvider.from_url` does; no I/O.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` for anything ``from_url`` refuses.
+    """
+    parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
+    settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
+    values = settled.values
+    if len(parsed.endpoints) > 1:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"takes one host (a cluster client finds the other nodes itself), got "
+            f"{len(parsed.endpoints)} in {parsed.redacted!r}",
+        )
+    database = _DATABASE.fullmatch(parsed.path) if parsed.path else None
+    if parsed.path and database is None:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"the database must be a number after the host, as in /0, got "
+            f"{parsed.path!r} in {parsed.redacted!r}",
+        )
+    cluster: bool = values["cluster"]
+    if cluster and database is not None and int(database.group(1) or 0) != 0:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"Redis Cluster has only database 0, got db {parsed.path!r} in {parsed.redacted!r}",
+        )
+    query = urlencode(settled.driver)
+    driver_url = parsed.without_query() + (f"?{query}" if query else "")
+    try:
+        redis_parse_url(driver_url)
+    except ValueError as exc:
+        raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+    return RedisURLSettings(
+        driver_url=driver_url,
+        redacted=parsed.redacted,
+        prefix=values["prefix"],
+        timeout_s=values["timeout_s"],
+        counter_ttl_ms=values["counter_ttl_ms"],
+        cluster=cluster,
+        max_connections=values["max_connections"],
+    )
 
 
 class _RedisErrors(ErrorMap):
@@ -263,37 +326,9 @@ class RedisLeaseProvider(BackendProvider):
         per node on a cluster); an operation that finds them all busy waits for one,
         within its ``timeout_s``.
         """
-        parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
-        settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
-        values = settled.values
-        if len(parsed.endpoints) > 1:
-            raise InvalidLeaseArgument.for_argument(
-                "url",
-                f"takes one host (a cluster client finds the other nodes itself), got "
-                f"{len(parsed.endpoints)} in {parsed.redacted!r}",
-            )
-        database = _DATABASE.fullmatch(parsed.path) if parsed.path else None
-        if parsed.path and database is None:
-            raise InvalidLeaseArgument.for_argument(
-                "url",
-                f"the database must be a number after the host, as in /0, got "
-                f"{parsed.path!r} in {parsed.redacted!r}",
-            )
-        cluster: bool = values["cluster"]
-        if cluster and database is not None and int(database.group(1) or 0) != 0:
-            raise InvalidLeaseArgument.for_argument(
-                "url",
-                f"Redis Cluster has only database 0, got db {parsed.path!r} in {parsed.redacted!r}",
-            )
-        query = urlencode(settled.driver)
-        driver_url = parsed.without_query() + (f"?{query}" if query else "")
-        try:
-            redis_parse_url(driver_url)
-        except ValueError as exc:
-            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
-        timeout_s: float = values["timeout_s"]
-        max_connections: int = values["max_connections"]
-        settings: dict[str, Any] = {
+        settings = url_settings(url, **options)
+        timeout_s, max_connections = settings.timeout_s, settings.max_connections
+        client_settings: dict[str, Any] = {
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
             # One immediate retry on a dropped connection (a restarted server, an idle
@@ -303,24 +338,29 @@ class RedisLeaseProvider(BackendProvider):
         }
         client: RedisClient
         try:
-            if cluster:
+            if settings.cluster:
                 client = redis.asyncio.RedisCluster.from_url(
-                    driver_url, max_connections=max_connections, **settings
+                    settings.driver_url, max_connections=max_connections, **client_settings
                 )
             else:
                 # Blocking, never MaxConnectionsError, should anything take a connection
                 # outside the provider's turns (its wait is bounded by timeout_s).
                 pool = BlockingConnectionPool.from_url(
-                    driver_url, max_connections=max_connections, timeout=None, **settings
+                    settings.driver_url,
+                    max_connections=max_connections,
+                    timeout=None,
+                    **client_settings,
                 )
                 client = redis.asyncio.Redis.from_pool(pool)
         except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
-            raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+            raise InvalidLeaseArgument.for_argument(
+                "url", f"{exc} ({settings.redacted!r})"
+            ) from None
         provider = cls(
             client,
-            prefix=values["prefix"],
+            prefix=settings.prefix,
             timeout_s=timeout_s,
-            counter_ttl_ms=values["counter_ttl_ms"],
+            counter_ttl_ms=settings.counter_ttl_ms,
             close_client=True,
         )
         provider._slots = asyncio.Semaphore(max_connections)

@@ -26,6 +26,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
 
@@ -54,7 +55,7 @@ from leasekit.backend import (
 
 from . import _sql
 
-__all__ = ["SQLiteLeaseProvider"]
+__all__ = ["SQLiteLeaseProvider", "SQLiteURLSettings", "url_settings"]
 
 _T = TypeVar("_T")
 _BACKEND = "sqlite"
@@ -90,6 +91,32 @@ _OPTIONS = OptionSet(
         Option("create", bool, True),
     ),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SQLiteURLSettings:
+    """A ``sqlite://`` URL and ``from_url``'s keyword options, parsed and checked.
+
+    ``path`` is the database file; ``options`` every option's value, defaults filled
+    in (``timeout_s``, ``synchronous``, ...). The benchmark's floor
+    (``leasekit_sqlite._bench``) opens its file with the same settings.
+    """
+
+    path: str
+    options: dict[str, Any]
+
+
+def url_settings(url: str, **options: Any) -> SQLiteURLSettings:
+    """Parse ``url`` and ``options`` as :meth:`SQLiteLeaseProvider.from_url` does; no I/O."""
+    parsed = parse_url(url, schemes=("sqlite",))
+    if parsed.endpoints or parsed.username is not None:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            "must be sqlite:///relative/path.db or sqlite:////absolute/path.db "
+            f"(no host part), got {parsed.redacted!r}",
+        )
+    path = unquote(parsed.path[1:]) or _DEFAULT_PATH
+    return SQLiteURLSettings(path, _OPTIONS.parse(parsed.query, options, url=url).values)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -163,16 +190,8 @@ class SQLiteLeaseProvider(BackendProvider):
 
         Keyword ``options`` win over the URL's query. No I/O happens here.
         """
-        parsed = parse_url(url, schemes=("sqlite",))
-        if parsed.endpoints or parsed.username is not None:
-            raise InvalidLeaseArgument.for_argument(
-                "url",
-                "must be sqlite:///relative/path.db or sqlite:////absolute/path.db "
-                f"(no host part), got {parsed.redacted!r}",
-            )
-        path = unquote(parsed.path[1:]) or _DEFAULT_PATH
-        settings = _OPTIONS.parse(parsed.query, options, url=url)
-        return cls(path, **settings.values)
+        settings = url_settings(url, **options)
+        return cls(settings.path, **settings.options)
 
     # -- BackendProvider hooks -----------------------------------------------------------
 

@@ -3,15 +3,18 @@
 One run, one server: every contender does acquire+release cycles in the same
 scenarios, and the report gives cycles/s, p50/p99 latency per cycle and the ratio to
 the raw-driver floor (the fewest round trips the driver needs for the same
-guarantees). ``_core`` holds what is generic (contenders, scenarios, the runner, the
-report); each backend's floor and peers live in their own module (``_redis``,
-``_sqlite``), imported only when a URL of that scheme is benchmarked, so this
-package costs nothing until ``leasekit bench`` runs.
+guarantees). The package is generic and knows no backend: ``_model`` holds the data
+(scenarios, contenders, results), ``_runner`` the timing loops, ``_report`` the
+table and the JSON, ``_schemes`` the lookup of a scheme's floor and peers in the
+``leasekit.bench`` entry-point group. Each backend ships its own bench module
+(``leasekit_redis._bench``, ...), written against the public :mod:`leasekit.bench`
+names and imported only when a URL of its scheme is benchmarked, so this package
+costs nothing until ``leasekit bench`` runs.
 """
 
 from __future__ import annotations
 
-from ._core import (
+from ._model import (
     SCENARIOS,
     AsyncCycler,
     BenchReport,
@@ -21,12 +24,14 @@ from ._core import (
     Scenario,
     SchemeBench,
     SyncCycler,
-    register_scheme,
-    render_table,
-    run_bench,
 )
+from ._report import render_json, render_table
+from ._runner import LEASEKIT, run_bench
+from ._schemes import ENTRY_POINT_GROUP, register_scheme, scheme_bench
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
+    "LEASEKIT",
     "SCENARIOS",
     "AsyncCycler",
     "BenchReport",
@@ -37,6 +42,8 @@ __all__ = [
     "SchemeBench",
     "SyncCycler",
     "register_scheme",
+    "render_json",
     "render_table",
     "run_bench",
+    "scheme_bench",
 ]

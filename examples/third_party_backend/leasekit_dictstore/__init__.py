@@ -43,7 +43,7 @@ from leasekit.backend import (
     timeout_option,
 )
 
-__all__ = ["DictLeaseProvider"]
+__all__ = ["DictLeaseProvider", "named_store", "parse_dictstore_url"]
 
 _T = TypeVar("_T")
 
@@ -143,6 +143,33 @@ _named_stores: dict[str, _DictStore] = {}
 _named_stores_lock = threading.Lock()
 
 
+def named_store(name: str) -> _DictStore:
+    """The store called ``name`` in this process, created on first use."""
+    with _named_stores_lock:
+        return _named_stores.setdefault(name, _DictStore())
+
+
+def parse_dictstore_url(url: str, **options: Any) -> tuple[str | None, dict[str, Any]]:
+    """The store's name (None: private) and every option's value; as ``from_url`` reads them.
+
+    The benchmark's floor (``leasekit_dictstore._bench``) reads its URL here too, so
+    an option means the same to both.
+    """
+    parsed = parse_url(url, schemes=["dictstore"])
+    if (
+        len(parsed.endpoints) > 1
+        or parsed.path
+        or parsed.username is not None
+        or any(endpoint.port is not None for endpoint in parsed.endpoints)
+    ):
+        raise InvalidLeaseArgument.for_argument(
+            "url", f"must look like dictstore:// or dictstore://NAME, got {parsed.redacted!r}"
+        )
+    settings = _OPTIONS.parse(parsed.query, options, url=url)
+    name = parsed.endpoints[0].host if parsed.endpoints else None
+    return name, settings.values
+
+
 class DictLeaseProvider(BackendProvider):
     """Leases in a dict in this process's memory, with fencing and atomic transfer.
 
@@ -172,8 +199,7 @@ class DictLeaseProvider(BackendProvider):
                 raise InvalidLeaseArgument.for_argument(
                     "name", f"must be a non-empty str, got {name!r}"
                 )
-            with _named_stores_lock:
-                self._store = _named_stores.setdefault(name, _DictStore())
+            self._store = named_store(name)
         self.name = name
 
     @classmethod
@@ -182,19 +208,8 @@ class DictLeaseProvider(BackendProvider):
 
         ``?timeout_s=2`` (or the keyword) sets the bound on every operation.
         """
-        parsed = parse_url(url, schemes=["dictstore"])
-        if (
-            len(parsed.endpoints) > 1
-            or parsed.path
-            or parsed.username is not None
-            or any(endpoint.port is not None for endpoint in parsed.endpoints)
-        ):
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"must look like dictstore:// or dictstore://NAME, got {parsed.redacted!r}"
-            )
-        settings = _OPTIONS.parse(parsed.query, options, url=url)
-        name = parsed.endpoints[0].host if parsed.endpoints else None
-        return cls(name, **settings.values)
+        name, values = parse_dictstore_url(url, **options)
+        return cls(name, **values)
 
     def _describe(self) -> str:
         return "private" if self.name is None else repr(self.name)

@@ -1,7 +1,9 @@
 """etcd: the raw aetcd floor and python-etcd3's ``Lock`` for ``leasekit bench etcd://``.
 
-Imported only when an ``etcd://`` or ``etcds://`` URL is benchmarked. Both talk to the
-URL's first endpoint.
+Registered in the ``leasekit.bench`` entry-point group for ``etcd`` and ``etcds``, and
+imported only when such a URL is benchmarked. Both read the URL with the provider's
+own parser (:func:`~leasekit_etcd._provider.url_settings`: endpoints, credentials,
+``prefix`` and the TLS files mean the same to each) and talk to its first endpoint.
 
 The floor is the least an owner-checked lease that leaves no etcd lease behind takes
 with raw aetcd (the client leasekit builds on): grant an etcd lease; one transaction
@@ -42,8 +44,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from ..backend import Endpoint, parse_url
-from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+
+from ._provider import url_settings
 
 if TYPE_CHECKING:
     import aetcd  # type: ignore[import-untyped]
@@ -51,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["BENCH"]
 
 _DEFAULT_PORT = 2379
-_DEFAULT_PREFIX = "leasekit/"
 # python-etcd3 names every lock's key "/locks/<name>".
 _ETCD3_LOCK_PREFIX = "/locks/"
 # More than the most tasks of any scenario: every benchmark thread gets one of its own.
@@ -69,27 +71,29 @@ class _Endpoint:
     tls: bool
     username: str | None
     password: str | None
-    options: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prefix(self) -> str:
         """leasekit's key prefix for this URL (its ``prefix`` option)."""
-        return self.options.get("prefix", _DEFAULT_PREFIX)
+        prefix: str = self.options["prefix"]
+        return prefix
 
 
 def _endpoint(url: str) -> _Endpoint:
-    # parse_url, not urlsplit: an endpoint list with an IPv6 member fails urlsplit on
-    # some Python releases.
-    parsed = parse_url(url, schemes=("etcd", "etcds"), default_port=_DEFAULT_PORT)
-    first = parsed.endpoints[0] if parsed.endpoints else Endpoint("localhost", _DEFAULT_PORT)
-    options = dict(parsed.query)
+    """The URL's first endpoint and its options, as the provider reads them."""
+    settings = url_settings(url)
+    first = settings.endpoints[0]
     return _Endpoint(
         host=first.host,
         port=first.port or _DEFAULT_PORT,
-        tls=parsed.scheme == "etcds",
-        username=options.get("username") or parsed.username,
-        password=options.get("password") or parsed.password,
-        options=options,
+        tls=settings.tls,
+        username=settings.options["username"],
+        password=settings.options["password"],
+        options={
+            **settings.options,
+            **{name: path for name, path in settings.tls_files.items() if path is not None},
+        },
     )
 
 

@@ -1,10 +1,14 @@
 """SQLite: the raw ``sqlite3`` floor for ``leasekit bench sqlite:///path``.
 
-The floor is the least a hand-written lease table needs on the same file: WAL, the
-same ``synchronous`` level as leasekit's default (``FULL``), one connection in one
-worker thread (what leasekit's backend does too, so the event loop never blocks),
-and one autocommit statement per operation: an UPSERT that takes a free or expired
-key, and a DELETE by key and owner. No fencing tokens, tombstones, sweeping or busy
+Registered in the ``leasekit.bench`` entry-point group for ``sqlite``, and imported
+only when such a URL is benchmarked. The floor reads the URL with the provider's own
+parser (:func:`~leasekit_sqlite._provider.url_settings`), so the file, ``synchronous``
+and ``timeout_s`` (the busy timeout) mean the same to both. It is the least a
+hand-written lease table needs on the same file: WAL, the same ``synchronous`` level
+as leasekit's (default ``FULL``), one connection in one worker thread (what
+leasekit's backend does too, so the event loop never blocks), and one autocommit
+statement per operation: an UPSERT that takes a free or expired key, and a DELETE by
+key and owner. No fencing tokens, tombstones, sweeping or busy
 retries. It writes to its own table, dropped at the end.
 """
 
@@ -13,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sqlite3
-from urllib.parse import unquote
 
-from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench
+
+from ._provider import url_settings
 
 __all__ = ["BENCH"]
 
@@ -38,14 +43,11 @@ _ACQUIRE = f"""
 _RELEASE = f"DELETE FROM {_TABLE} WHERE key = ?1 AND owner = ?2"  # noqa: S608 (as above)
 
 
-def _path(url: str) -> str:
-    rest = url[len("sqlite://") :].partition("?")[0]
-    return unquote(rest[1:]) or "leasekit.db"
-
-
 class _RawCycler:
-    def __init__(self, path: str, ttl_ms: int) -> None:
+    def __init__(self, path: str, ttl_ms: int, *, synchronous: str, timeout_s: float) -> None:
         self._ttl_ms = ttl_ms
+        self._synchronous = synchronous
+        self._timeout_s = timeout_s
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="bench-sqlite"
         )
@@ -56,9 +58,9 @@ class _RawCycler:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
 
     def _connect(self) -> None:
-        conn = sqlite3.connect(self._path, timeout=5.0, isolation_level=None)
+        conn = sqlite3.connect(self._path, timeout=self._timeout_s, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")  # checked by the parser
         conn.execute(_SCHEMA)
         self._conn = conn
 
@@ -91,7 +93,13 @@ class _RawCycler:
 
 
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
-    cycler = _RawCycler(_path(target.url), target.ttl_ms)
+    settings = url_settings(target.url)
+    cycler = _RawCycler(
+        settings.path,
+        target.ttl_ms,
+        synchronous=settings.options["synchronous"],
+        timeout_s=settings.options["timeout_s"],
+    )
     try:
         await cycler.open()
     except BaseException:
@@ -107,7 +115,7 @@ BENCH = SchemeBench(
             "sqlite3 raw",
             "floor",
             open_async=_open_raw,
-            how="sqlite3 in one worker thread, WAL, synchronous=FULL: one autocommit "
+            how="sqlite3 in one worker thread, WAL, leasekit's synchronous: one autocommit "
             "UPSERT ... WHERE expired, then DELETE by key and owner",
         ),
     ),

@@ -1,27 +1,23 @@
-"""The generic benchmark: contenders, scenarios, the runner and the report.
+"""The timing loops: every contender through every scenario, one round after another.
 
 A *contender* is one way to take and give back a lease on the store under test:
-leasekit itself (the same for every scheme, through :func:`leasekit.connect`), the
-scheme's raw-driver *floor*, and *peers* (other lock libraries). Each one opens a
-*cycler* whose ``cycle(key, owner)`` tries to acquire ``key`` without waiting and,
-if that worked, releases it: one acquire+release cycle. Async cyclers run as asyncio
-tasks on one event loop; sync ones run one thread per task, sharing one client.
+leasekit itself (:data:`LEASEKIT`, the same for every scheme, through
+:func:`leasekit.connect`), the scheme's raw-driver *floor*, and *peers* (other lock
+libraries), which the scheme's :class:`~leasekit.bench.SchemeBench` brings (found
+by :mod:`._schemes`). Each one opens a *cycler* whose ``cycle(key, owner)`` tries to
+acquire ``key`` without waiting and, if that worked, releases it: one
+acquire+release cycle. Async cyclers run as asyncio tasks on one event loop; sync
+ones run one thread per task, sharing one client.
 
 Every contender runs every scenario for a short warmup, then for a fixed duration,
 timing each cycle with :func:`time.perf_counter_ns`. Each contender gets its own
 event loop and its own client, opened before and closed after its scenarios. With
 several rounds, the whole sequence repeats and each row keeps its fastest round.
-
-Backends plug in per URL scheme with a :class:`SchemeBench` (their floor, peers, a
-cleanup and a server description), registered in :data:`_SCHEMES` by module path so
-that nothing is imported before that scheme is benchmarked.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import itertools
 import math
 import os
@@ -30,189 +26,34 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import connect
 from .._errors import InvalidLeaseArgument
-from .._registry import normalize_scheme, scheme_of
+from .._registry import scheme_of
 from ..backend import redact_url
+from ._model import (
+    DEFAULT_TTL_MS,
+    KEYS_PER_TASK,
+    SCENARIOS,
+    AsyncCycler,
+    BenchReport,
+    BenchTarget,
+    Contender,
+    ContenderResult,
+    Scenario,
+    SyncCycler,
+)
+from ._schemes import scheme_bench
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from .._contract import ManagedLeaseProvider
 
-__all__ = [
-    "KEYS_PER_TASK",
-    "SCENARIOS",
-    "AsyncCycler",
-    "BenchReport",
-    "BenchTarget",
-    "Contender",
-    "ContenderResult",
-    "Scenario",
-    "SchemeBench",
-    "SyncCycler",
-    "register_scheme",
-    "render_table",
-    "run_bench",
-]
-
-Role = Literal["leasekit", "floor", "peer"]
-
-DEFAULT_TTL_MS = 30_000
-"""Long enough that no lease expires mid-cycle: every cycle releases what it took."""
-
-KEYS_PER_TASK = 16
-"""Uncontended tasks cycle through this many keys of their own: consecutive cycles
-use distinct keys, and the number of keys a run writes stays bounded."""
+__all__ = ["LEASEKIT", "run_bench"]
 
 _MAX_WARMUP_S = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """How many tasks run at once, and whether they share one key."""
-
-    name: str
-    label: str
-    tasks: int
-    shared_key: bool
-
-
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario("single", "1 task", tasks=1, shared_key=False),
-        Scenario("concurrent", "64 tasks", tasks=64, shared_key=False),
-        Scenario("contended", "16 tasks, 1 key", tasks=16, shared_key=True),
-    )
-}
-"""The scenarios, in the order they run: sequential cycles on distinct keys; 64
-concurrent tasks on distinct keys; 16 tasks racing for one key (acquisitions and
-denials counted)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchTarget:
-    """What a contender needs to open: the store, the TTL, and this run's namespace.
-
-    ``namespace`` (``leasekit-bench-<hex>``) is part of every key the run writes, so
-    a scheme's cleanup can find and delete them, and two runs never collide.
-    """
-
-    url: str
-    ttl_ms: int
-    namespace: str
-
-
-class AsyncCycler(Protocol):
-    """An open async contender."""
-
-    async def cycle(self, key: str, owner: str) -> bool:
-        """Acquire ``key`` for ``owner`` without waiting, release it if acquired.
-
-        Returns whether it was acquired.
-        """
-        ...
-
-    async def aclose(self) -> None:
-        """Close every client the cycler opened."""
-        ...
-
-
-class SyncCycler(Protocol):
-    """An open blocking contender; ``cycle`` is called from several threads at once."""
-
-    def cycle(self, key: str, owner: str) -> bool:
-        """Acquire ``key`` for ``owner`` without waiting, release it if acquired."""
-        ...
-
-    def close(self) -> None:
-        """Close every client the cycler opened."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Contender:
-    """One way to take and give back a lease: leasekit, a raw-driver floor, or a peer.
-
-    Exactly one of ``open_async`` and ``open_sync`` is set. ``requires`` names the
-    top-level modules it imports; when one is missing the contender is skipped and
-    the report shows ``install``, the command that adds it. ``how`` says in one line
-    what a cycle does on the wire.
-    """
-
-    id: str
-    label: str
-    role: Role
-    open_async: Callable[[BenchTarget], Coroutine[Any, Any, AsyncCycler]] | None = None
-    open_sync: Callable[[BenchTarget], SyncCycler] | None = None
-    requires: tuple[str, ...] = ()
-    install: str = ""
-    how: str = ""
-
-    def __post_init__(self) -> None:
-        if (self.open_async is None) == (self.open_sync is None):
-            raise ValueError(f"contender {self.id!r}: set exactly one of open_async, open_sync")
-
-    @property
-    def mode(self) -> str:
-        return "async" if self.open_async is not None else "sync, one thread per task"
-
-    def missing(self) -> list[str]:
-        """The required modules that are not installed."""
-        return [name for name in self.requires if importlib.util.find_spec(name) is None]
-
-
-@dataclass(frozen=True, slots=True)
-class SchemeBench:
-    """What a URL scheme adds to the benchmark beyond leasekit itself.
-
-    ``contenders``: its raw-driver floor (role ``"floor"``, at most one) and peers.
-    ``cleanup`` deletes what the run wrote (every name containing the target's
-    namespace); ``describe_server`` names the server and its version for the report.
-    """
-
-    contenders: tuple[Contender, ...] = ()
-    cleanup: Callable[[BenchTarget], Coroutine[Any, Any, None]] | None = None
-    describe_server: Callable[[BenchTarget], Coroutine[Any, Any, str | None]] | None = None
-
-
-# Scheme -> "module:attribute" of its SchemeBench. Imported only when that scheme is
-# benchmarked, so the drivers and peers it needs load only then. A scheme without an
-# entry (memory://, a third-party backend) benchmarks leasekit alone.
-_SCHEMES: dict[str, str | SchemeBench] = {
-    "redis": "leasekit._bench._redis:BENCH",
-    "rediss": "leasekit._bench._redis:BENCH",
-    "postgresql": "leasekit._bench._postgres:BENCH",
-    "postgres": "leasekit._bench._postgres:BENCH",
-    "sqlite": "leasekit._bench._sqlite:BENCH",
-    "etcd": "leasekit._bench._etcd:BENCH",
-    "etcds": "leasekit._bench._etcd:BENCH",
-    "mysql": "leasekit_mysql._bench:BENCH",
-    "mariadb": "leasekit_mysql._bench:BENCH",
-}
-
-
-def register_scheme(scheme: str, bench: str | SchemeBench) -> None:
-    """Benchmark URLs of ``scheme`` with ``bench`` (a :class:`SchemeBench` or its path)."""
-    _SCHEMES[normalize_scheme(scheme)] = bench
-
-
-def _scheme_bench(scheme: str) -> SchemeBench:
-    entry = _SCHEMES.get(scheme)
-    if entry is None:
-        return SchemeBench()
-    if isinstance(entry, SchemeBench):
-        return entry
-    module, _, attribute = entry.partition(":")
-    bench = getattr(importlib.import_module(module), attribute)
-    if not isinstance(bench, SchemeBench):
-        raise TypeError(f"{entry} is not a SchemeBench")
-    return bench
 
 
 # -- leasekit itself: the same contender for every scheme --------------------------------
@@ -254,96 +95,6 @@ LEASEKIT = Contender(
     open_async=_open_leasekit,
     how="leasekit.connect(url): acquire_lease, then release_lease if acquired",
 )
-
-
-# -- results ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ContenderResult:
-    """One contender in one scenario.
-
-    A cycle is a successful acquire followed by its release: ``cycles_per_s`` counts
-    those. ``attempts`` also counts denied acquires (``denied``; only the contended
-    scenario should have any). Latencies are per attempt, in milliseconds;
-    ``cpu_us`` is the CPU time the whole benchmark process (client library, event
-    loop, threads) spent per attempt: where it approaches the time per cycle, the
-    client, not the server, is what limits the rate.
-    ``ratio_to_floor`` is ``cycles_per_s`` over the floor's in the same scenario
-    (``None`` without a floor). With several rounds, the numbers are those of the
-    fastest round and ``round_cycles_per_s`` lists every round's. ``error`` is set,
-    and the numbers are zero, when the contender failed.
-    """
-
-    contender: str
-    label: str
-    role: Role
-    mode: str
-    scenario: str
-    tasks: int
-    attempts: int = 0
-    cycles: int = 0
-    denied: int = 0
-    seconds: float = 0.0
-    cycles_per_s: float = 0.0
-    denied_per_s: float = 0.0
-    p50_ms: float = 0.0
-    p99_ms: float = 0.0
-    cpu_us: float = 0.0
-    ratio_to_floor: float | None = None
-    round_cycles_per_s: tuple[float, ...] = ()
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BenchReport:
-    """Everything one run measured, in the order contenders and scenarios ran.
-
-    ``namespace`` is part of every key the run wrote (``leasekit-bench-<hex>``).
-    """
-
-    url: str
-    scheme: str
-    namespace: str
-    server: str | None
-    seconds: float
-    warmup_s: float
-    rounds: int
-    ttl_ms: int
-    scenarios: tuple[str, ...]
-    results: tuple[ContenderResult, ...]
-    contenders: tuple[dict[str, str], ...] = ()
-    skipped: tuple[dict[str, str], ...] = ()
-    notes: tuple[str, ...] = ()
-    machine: dict[str, Any] = field(default_factory=dict)
-
-    def result(self, contender: str, scenario: str) -> ContenderResult | None:
-        return next(
-            (r for r in self.results if r.contender == contender and r.scenario == scenario),
-            None,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``leasekit bench --json`` prints exactly this."""
-        return {
-            "url": self.url,
-            "scheme": self.scheme,
-            "namespace": self.namespace,
-            "server": self.server,
-            "seconds": self.seconds,
-            "warmup_s": self.warmup_s,
-            "rounds": self.rounds,
-            "ttl_ms": self.ttl_ms,
-            "machine": self.machine,
-            "scenarios": [
-                {"name": s, **{k: v for k, v in asdict(SCENARIOS[s]).items() if k != "name"}}
-                for s in self.scenarios
-            ],
-            "contenders": list(self.contenders),
-            "results": [asdict(r) for r in self.results],
-            "skipped": list(self.skipped),
-            "notes": list(self.notes),
-        }
 
 
 # -- the runner --------------------------------------------------------------------------
@@ -415,7 +166,7 @@ def run_bench(
     chosen = _check_arguments(seconds, rounds, scenarios)
     if warmup_s is None:
         warmup_s = min(_MAX_WARMUP_S, seconds / 4)
-    bench = _scheme_bench(scheme)
+    bench = scheme_bench(scheme)
     target = BenchTarget(url, ttl_ms, f"leasekit-bench-{uuid.uuid4().hex[:10]}")
     plan = _Plan(target, chosen, float(seconds), float(warmup_s), progress or (lambda _: None))
     contenders, skipped = _installed((LEASEKIT, *bench.contenders))
@@ -745,74 +496,3 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-# -- the table ---------------------------------------------------------------------------
-
-
-def render_table(report: BenchReport) -> Table:
-    """The report as a rich table: one section per scenario, one row per contender."""
-    from rich.markup import escape  # noqa: PLC0415 (rich loads only when a table is drawn)
-    from rich.table import Table  # noqa: PLC0415
-
-    contended = any(SCENARIOS[s].shared_key for s in report.scenarios)
-    server = f" ({report.server})" if report.server else ""
-    fastest = f", fastest of {report.rounds} rounds" if report.rounds > 1 else ""
-    machine = report.machine
-    table = Table(
-        title=escape(
-            f"leasekit bench {report.url}{server}: {report.seconds:g} s per scenario "
-            f"after {report.warmup_s:g} s warmup{fastest}"
-        ),
-        title_justify="left",
-        caption=escape(_caption(report, machine)),
-        caption_justify="left",
-    )
-    table.add_column("scenario")
-    table.add_column("contender")
-    for name in ("cycles/s", "p50 ms", "p99 ms", "CPU us", "x floor"):
-        table.add_column(name, justify="right")
-    if contended:
-        table.add_column("denied/s", justify="right")
-    for scenario in report.scenarios:
-        rows = [r for r in report.results if r.scenario == scenario]
-        for index, r in enumerate(rows):
-            first = SCENARIOS[scenario].label if index == 0 else ""
-            name = escape(r.label)
-            if r.role == "leasekit":
-                name = f"[bold]{name}[/bold]"
-            elif r.role == "floor":
-                name = f"{name} [dim](floor)[/dim]"
-            if r.error is not None:
-                cells = [f"[red]failed: {escape(r.error)}[/red]", "", "", "", ""]
-            else:
-                ratio = "-" if r.ratio_to_floor is None else f"{r.ratio_to_floor:.2f}"
-                cells = [
-                    f"{r.cycles_per_s:,.0f}",
-                    f"{r.p50_ms:.3f}",
-                    f"{r.p99_ms:.3f}",
-                    f"{r.cpu_us:,.0f}",
-                    ratio,
-                ]
-            if contended:
-                shows_denials = SCENARIOS[scenario].shared_key and r.error is None
-                cells.append(f"{r.denied_per_s:,.0f}" if shows_denials else "")
-            table.add_row(first, name, *cells, end_section=index == len(rows) - 1)
-    return table
-
-
-def _caption(report: BenchReport, machine: dict[str, Any]) -> str:
-    lines = [
-        "cycle = acquire without waiting + release; cycles/s counts successful cycles; "
-        "latency and CPU us (this process's CPU time) per attempt; "
-        "x floor = cycles/s over the raw driver's",
-        "async contenders run asyncio tasks on one loop; sync ones one thread per task, "
-        "sharing one client",
-        f"{machine.get('python')} on {machine.get('cpu')} x{machine.get('cpus')}",
-    ]
-    lines.extend(
-        f"floor ({c['label']}): {c['how']}" for c in report.contenders if c["role"] == "floor"
-    )
-    lines.extend(f"skipped {s['label']}: {s['reason']}" for s in report.skipped)
-    lines.extend(report.notes)
-    return "\n".join(lines)

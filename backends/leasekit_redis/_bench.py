@@ -1,6 +1,13 @@
 """Redis: the raw-driver floor and the peer lock libraries for ``leasekit bench redis://``.
 
-Imported only when a ``redis://`` or ``rediss://`` URL is benchmarked. The floor is
+Registered in the ``leasekit.bench`` entry-point group for ``redis`` and ``rediss``,
+and imported only when such a URL is benchmarked. Every contender reads the URL with
+the provider's own parser (:func:`~leasekit_redis._provider.url_settings`): the host,
+database, credentials and redis-py settings mean the same to each, and a URL the
+provider refuses is refused before anything runs. leasekit's own options (``prefix``,
+``timeout_s``, ``max_connections``, ...) shape only leasekit's client; the floor and
+the peers keep their drivers' defaults, except ``cluster=true``, which gives the
+floor and redis-py's locks a ``RedisCluster`` client too. The floor is
 what a careful hand-written lease takes with redis-py's asyncio client: ``SET key
 owner NX PX ttl`` to acquire and a Lua compare-and-delete (by ``EVALSHA``) to
 release, two round trips per cycle like leasekit's, but without fencing tokens,
@@ -13,22 +20,17 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
-__all__ = ["BENCH"]
+    from ._provider import RedisURLSettings
 
-# leasekit's own URL options: the driver would reject them, or (max_connections, which
-# sizes leasekit's blocking pool) read them differently, failing at once when a
-# non-blocking pool is full; the floor and the peers keep their drivers' defaults.
-_LEASEKIT_OPTIONS = frozenset(
-    {"prefix", "timeout_s", "counter_ttl_ms", "cluster", "max_connections"}
-)
+__all__ = ["BENCH"]
 
 # KEYS: the lock. ARGV: the owner. Deletes the key only while ARGV[1] holds it, so a
 # late release never frees someone else's lock; the check and the delete are one step.
@@ -40,15 +42,36 @@ return 0
 """
 
 
-def _driver_url(url: str) -> str:
-    """``url`` without leasekit's options in its query, for redis-py and the peers."""
-    parts = urlsplit(url)
-    query = [
-        (name, value)
-        for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        if name not in _LEASEKIT_OPTIONS
-    ]
-    return urlunsplit(parts._replace(query=urlencode(query)))
+def _settings(target: BenchTarget) -> RedisURLSettings:
+    from ._provider import url_settings  # noqa: PLC0415 (drivers load only when benchmarked)
+
+    return url_settings(target.url)
+
+
+def _async_client(settings: RedisURLSettings) -> Any:
+    """A redis-py asyncio client on the driver's defaults, a cluster one for ``cluster``."""
+    import redis.asyncio  # noqa: PLC0415
+
+    if settings.cluster:
+        return redis.asyncio.RedisCluster.from_url(settings.driver_url)
+    return redis.asyncio.Redis.from_url(settings.driver_url)
+
+
+def _sync_client(settings: RedisURLSettings) -> Any:
+    import redis  # noqa: PLC0415
+
+    if settings.cluster:
+        return redis.RedisCluster.from_url(settings.driver_url)
+    return redis.Redis.from_url(settings.driver_url)
+
+
+def _single_server(settings: RedisURLSettings, peer: str) -> redis.Redis:
+    """A blocking client for a peer that takes a single server's client only."""
+    import redis  # noqa: PLC0415
+
+    if settings.cluster:
+        raise RuntimeError(f"{peer} does not run on Redis Cluster")
+    return redis.Redis.from_url(settings.driver_url)
 
 
 def _ttl_s(target: BenchTarget) -> int:
@@ -60,7 +83,7 @@ def _ttl_s(target: BenchTarget) -> int:
 
 
 class _RawCycler:
-    def __init__(self, client: redis.asyncio.Redis, sha: str, ttl_ms: int) -> None:
+    def __init__(self, client: Any, sha: str, ttl_ms: int) -> None:
         self._client = client
         self._sha = sha
         self._ttl_ms = ttl_ms
@@ -77,9 +100,7 @@ class _RawCycler:
 
 
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
-    import redis.asyncio  # noqa: PLC0415 (drivers load only when benchmarked)
-
-    client = redis.asyncio.Redis.from_url(_driver_url(target.url))
+    client = _async_client(_settings(target))
     try:
         sha = await client.script_load(_COMPARE_AND_DELETE)
     except BaseException:
@@ -92,7 +113,7 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
 
 
 class _AsyncLockCycler:
-    def __init__(self, client: redis.asyncio.Redis, ttl_s: float) -> None:
+    def __init__(self, client: Any, ttl_s: float) -> None:
         self._client = client
         self._ttl_s = ttl_s
 
@@ -108,14 +129,12 @@ class _AsyncLockCycler:
 
 
 async def _open_async_lock(target: BenchTarget) -> AsyncCycler:
-    import redis.asyncio  # noqa: PLC0415
-
-    client = redis.asyncio.Redis.from_url(_driver_url(target.url))
+    client = _async_client(_settings(target))
     return _AsyncLockCycler(client, target.ttl_ms / 1000)
 
 
 class _SyncLockCycler:
-    def __init__(self, client: redis.Redis, ttl_s: float) -> None:
+    def __init__(self, client: Any, ttl_s: float) -> None:
         self._client = client
         self._ttl_s = ttl_s
 
@@ -131,9 +150,7 @@ class _SyncLockCycler:
 
 
 def _open_sync_lock(target: BenchTarget) -> SyncCycler:
-    import redis  # noqa: PLC0415
-
-    return _SyncLockCycler(redis.Redis.from_url(_driver_url(target.url)), target.ttl_ms / 1000)
+    return _SyncLockCycler(_sync_client(_settings(target)), target.ttl_ms / 1000)
 
 
 # -- python-redis-lock ----------------------------------------------------------------------
@@ -165,9 +182,8 @@ class _RedisLockCycler:
 
 
 def _open_redis_lock(target: BenchTarget) -> SyncCycler:
-    import redis  # noqa: PLC0415
-
-    return _RedisLockCycler(redis.Redis.from_url(_driver_url(target.url)), _ttl_s(target))
+    client = _single_server(_settings(target), "python-redis-lock")
+    return _RedisLockCycler(client, _ttl_s(target))
 
 
 # -- tooz -----------------------------------------------------------------------------------
@@ -190,7 +206,10 @@ class _ToozCycler:
 
 def _tooz_url(target: BenchTarget) -> str:
     """tooz's redis URL for ``target.url``: host and port, the db and TLS as options."""
-    parts = urlsplit(target.url)
+    settings = _settings(target)
+    if settings.cluster:
+        raise RuntimeError("tooz's redis driver does not run on Redis Cluster")
+    parts = urlsplit(settings.driver_url)
     query: dict[str, str] = {"lock_timeout": str(_ttl_s(target))}
     db = parts.path.strip("/")
     if db:
@@ -214,28 +233,36 @@ def _open_tooz(target: BenchTarget) -> SyncCycler:
 
 async def _cleanup(target: BenchTarget) -> None:
     """Delete every name containing the run's namespace (locks, counters, signals)."""
-    import redis.asyncio  # noqa: PLC0415
-
-    client = redis.asyncio.Redis.from_url(_driver_url(target.url))
+    settings = _settings(target)
+    client = _async_client(settings)
     try:
         batch: list[Any] = []
         async for name in client.scan_iter(match=f"*{target.namespace}*", count=1000):
             batch.append(name)
             if len(batch) == 500:
-                await client.unlink(*batch)
+                await _unlink(client, batch, cluster=settings.cluster)
                 batch.clear()
         if batch:
-            await client.unlink(*batch)
+            await _unlink(client, batch, cluster=settings.cluster)
     finally:
         await client.aclose()
 
 
-async def _describe_server(target: BenchTarget) -> str | None:
-    import redis.asyncio  # noqa: PLC0415
+async def _unlink(client: Any, names: list[Any], *, cluster: bool) -> None:
+    if cluster:  # names in different slots cannot go in one command
+        for name in names:
+            await client.unlink(name)
+    else:
+        await client.unlink(*names)
 
-    client = redis.asyncio.Redis.from_url(_driver_url(target.url))
+
+async def _describe_server(target: BenchTarget) -> str | None:
+    settings = _settings(target)
+    client = _async_client(settings)
     try:
         info = await client.info("server")
+        if info and all(isinstance(reply, dict) for reply in info.values()):
+            info = next(iter(info.values()))  # a cluster's: one reply per node
     finally:
         await client.aclose()
     version = info.get("valkey_version") or info.get("redis_version")

@@ -1,13 +1,16 @@
 """PostgreSQL: the raw psycopg floor and tooz's driver for ``leasekit bench postgresql://``.
 
-Imported only when a ``postgresql://`` or ``postgres://`` URL is benchmarked. The floor
-is leasekit's own statements run by hand: the backend's acquire and release, rendered
+Registered in the ``leasekit.bench`` entry-point group for ``postgresql`` and
+``postgres``, and imported only when such a URL is benchmarked. The floor is
+leasekit's own statements run by hand: the backend's acquire and release, rendered
 for a table of the floor's own, executed on psycopg's asyncio pool of autocommit
-connections configured like leasekit's (the URL's ``pool_min_size``, ``pool_max_size``
-and ``prepare_threshold`` apply to both; by default 1 to 10 connections and no
-prepared statements). Same server work, same round trips; what the ratio measures is
-everything leasekit adds on the client: validation, timeouts, error translation, the
-provider's bookkeeping. The table is dropped at the end.
+connections built from the provider's own parse of the URL
+(:func:`~leasekit_postgres._options.pool_settings`): the same connection string
+(libpq parameters, ``statement_timeout`` from ``timeout_s``, ``connect_timeout``),
+``pool_min_size``, ``pool_max_size`` and ``prepare_threshold``; by default 1 to 10
+connections and no prepared statements. Same server work, same round trips; what
+the ratio measures is everything leasekit adds on the client: validation, timeouts,
+error translation, the provider's bookkeeping. The table is dropped at the end.
 
 The peer is tooz's PostgreSQL driver (``pip install tooz psycopg2-binary``), used the
 way its documentation shows: a lock object per acquisition. Each lock opens a
@@ -17,68 +20,40 @@ denial, so every tooz cycle connects to the server again.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
 if TYPE_CHECKING:
-    from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
+
+    from ._options import PoolSettings
+    from ._sql import TableName
 
 __all__ = ["BENCH"]
 
-# leasekit's own URL options; libpq would reject them.
-_LEASEKIT_OPTIONS = frozenset(
-    {
-        "table",
-        "timeout_s",
-        "create_schema",
-        "sweep_every",
-        "sweep_batch",
-        "sweep_grace_s",
-        "pool_min_size",
-        "pool_max_size",
-        "prepare_threshold",
-        "server_timeout",
-    }
-)
-# leasekit's defaults for its pool and table, which the floor and the cleanup follow.
-_POOL_MIN_SIZE = 1
-_POOL_MAX_SIZE = 10
-_LEASEKIT_TABLE = "leasekit_leases"
+
+def _settings(target: BenchTarget) -> PoolSettings:
+    from ._options import pool_settings  # noqa: PLC0415 (drivers load only when benchmarked)
+
+    return pool_settings(target.url, {})
 
 
-def _options(url: str) -> tuple[str, dict[str, str]]:
-    """``url`` without leasekit's options in its query (for libpq), and those options."""
-    parts = urlsplit(url)
-    ours: dict[str, str] = {}
-    driver: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _LEASEKIT_OPTIONS:
-            ours[name] = value
-        else:
-            driver.append((name, value))
-    return urlunsplit(parts._replace(query=urlencode(driver))), ours
+def _leases_table(settings: PoolSettings) -> TableName:
+    from ._options import table_name  # noqa: PLC0415
+
+    return table_name(settings.provider["table"])
 
 
-def _prepare_threshold(options: dict[str, str]) -> int | None:
-    # leasekit's default, None, never prepares: what pgbouncer's transaction mode needs.
-    value = options.get("prepare_threshold", "none")
-    return None if value.lower() in ("none", "") else int(value)
+def _floor_table(target: BenchTarget, settings: PoolSettings) -> TableName:
+    """The floor's table: named after the run, in the schema of leasekit's table."""
+    from ._sql import TableName  # noqa: PLC0415
 
-
-def _table(name: str) -> sql.Identifier:
-    from psycopg import sql  # noqa: PLC0415 (drivers load only when benchmarked)
-
-    return sql.Identifier(*name.split("."))
-
-
-def _floor_table(target: BenchTarget, options: dict[str, str]) -> tuple[str | None, str]:
-    """The floor's table (schema, name): named after the run, beside leasekit's table."""
-    schema, _, _ = options.get("table", "").rpartition(".")
-    return schema or None, f"{target.namespace.replace('-', '_')}_floor"
+    schema = _leases_table(settings).schema
+    return TableName(schema, f"{target.namespace.replace('-', '_')}_floor")
 
 
 # -- the floor: leasekit's acquire and release, by hand, on psycopg's async pool ----------
@@ -111,19 +86,17 @@ class _RawCycler:
 
 
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
-    from leasekit_postgres._sql import (  # noqa: PLC0415 (the backend's own statements)
-        Statements,
-        TableName,
-    )
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
-    url, options = _options(target.url)
-    statements = Statements(TableName(*_floor_table(target, options)))
+    from ._sql import Statements  # noqa: PLC0415 (the backend's own statements)
+
+    settings = _settings(target)
+    statements = Statements(_floor_table(target, settings))
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        url,
-        kwargs={"autocommit": True, "prepare_threshold": _prepare_threshold(options)},
-        min_size=int(options.get("pool_min_size", _POOL_MIN_SIZE)),
-        max_size=int(options.get("pool_max_size", _POOL_MAX_SIZE)),
+        settings.conninfo,
+        kwargs=dict(settings.connection_kwargs),
+        min_size=settings.min_size,
+        max_size=settings.max_size,
         name="leasekit-bench-floor",
         open=False,
     )
@@ -175,17 +148,18 @@ def _open_tooz(target: BenchTarget) -> SyncCycler:
 async def _cleanup(target: BenchTarget) -> None:
     """Delete leasekit's rows for the run's keys (tombstones) and the floor's tables."""
     import psycopg  # noqa: PLC0415
-    from leasekit_postgres._sql import TableName  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
-    url, options = _options(target.url)
-    leases = _table(options.get("table", _LEASEKIT_TABLE))
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute(
-            sql.SQL("DELETE FROM {} WHERE position(%s IN key) > 0").format(leases),
-            (target.namespace.encode(),),
-        )
-        floor = TableName(*_floor_table(target, options))
+    settings = _settings(target)
+    leases = _leases_table(settings).table
+    async with await psycopg.AsyncConnection.connect(settings.conninfo, autocommit=True) as conn:
+        # Autocommit: a missing table (leasekit never got to create it) fails alone.
+        with contextlib.suppress(psycopg.errors.UndefinedTable):
+            await conn.execute(
+                sql.SQL("DELETE FROM {} WHERE position(%s IN key) > 0").format(leases),
+                (target.namespace.encode(),),
+            )
+        floor = _floor_table(target, settings)
         await conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}, {}; DROP SEQUENCE IF EXISTS {}").format(
                 floor.table, floor.meta, floor.sequence
@@ -196,8 +170,8 @@ async def _cleanup(target: BenchTarget) -> None:
 async def _describe_server(target: BenchTarget) -> str | None:
     import psycopg  # noqa: PLC0415
 
-    url, _ = _options(target.url)
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+    conninfo = _settings(target).conninfo
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         version = conn.info.parameter_status("server_version")
     return f"PostgreSQL {version.split()[0]}" if version else None
 
