@@ -20,6 +20,9 @@ capabilities. Everything else is here, once:
 - :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
   :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
   when a key may have become free, instead of polling.
+- :class:`SyncBackendProvider`, the protocols :class:`SyncProvider` and
+  :class:`SupportsSyncProvider`, and :func:`sync_factory`: a native blocking provider
+  for :mod:`leasekit.sync`, sharing the backend's statements, options and errors.
 
 See the guide "Writing a backend" in the documentation.
 """
@@ -38,6 +41,7 @@ from ._records import (
     SupportsSweep,
     supports,
 )
+from ._sync import SupportsSyncProvider, SyncBackendProvider, SyncProvider, sync_factory
 from ._urls import (
     Endpoint,
     Option,
@@ -69,10 +73,14 @@ __all__ = [
     "SupportsReleaseNotifications",
     "SupportsRemaining",
     "SupportsSweep",
+    "SupportsSyncProvider",
+    "SyncBackendProvider",
+    "SyncProvider",
     "coerce_bool",
     "map_errors",
     "parse_url",
     "redact_url",
     "supports",
+    "sync_factory",
     "timeout_option",
 ]
