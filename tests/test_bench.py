@@ -63,12 +63,14 @@ RESULT_KEYS = {
 }
 # Redis peers by id, and the module each needs.
 REDIS_PEERS = {
+    "leasekit-sync": "redis",
+    "redis-raw-sync": "redis",
     "redis-py-lock-async": "redis",
     "redis-py-lock-sync": "redis",
     "python-redis-lock": "redis_lock",
     "tooz": "tooz",
 }
-SYNC_PEERS = {"redis-py-lock-sync", "python-redis-lock", "tooz"}
+SYNC_PEERS = {"leasekit-sync", "redis-raw-sync", "redis-py-lock-sync", "python-redis-lock", "tooz"}
 
 
 def leasekit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

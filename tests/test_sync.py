@@ -1,4 +1,8 @@
-"""leasekit.sync: the blocking facade, driven from plain threads, on memory:// and SQLite."""
+"""leasekit.sync: the blocking facade, driven from plain threads.
+
+On memory:// and SQLite through the loop thread, and on Redis through its native
+blocking provider (no thread hop): every test here holds on both paths.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +27,12 @@ LONG_TTL_MS = 60_000
 THREADS = 8
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        redis_url: str = request.getfixturevalue("redis_url")
+        prefix: str = request.getfixturevalue("redis_prefix")
+        return f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
     return shared_url(request.param, str(tmp_path), f"sync-{uuid.uuid4().hex}")
 
 
@@ -61,7 +69,8 @@ def test_the_five_operations_block_and_answer(leases: SyncLeaseProvider) -> None
     leases.release_lease("k", "b")
     assert leases.get_lease_owner("k") is None
     assert leases.capabilities.fencing
-    assert leases.backend in {"memory", "sqlite"}
+    assert leases.backend in {"memory", "sqlite", "redis"}
+    assert leases.native == (leases.backend == "redis")
 
 
 def test_errors_are_the_async_ones(leases: SyncLeaseProvider) -> None:
@@ -100,11 +109,13 @@ def test_threads_on_separate_facades_race_through_one_store(url: str) -> None:
 def test_close_stops_the_thread_and_later_calls_raise(url: str) -> None:
     before = set(facade_threads())
     facade = leasekit.sync.connect(url, thread_name="leasekit-sync test-close")
-    (thread,) = set(facade_threads()) - before
+    started = set(facade_threads()) - before
+    # The loop path starts one thread at connect; a native provider none at all.
+    assert len(started) == (0 if facade.native else 1)
     with facade:
         facade.acquire_lease("k", "a", LONG_TTL_MS)
     assert facade.closed
-    assert not thread.is_alive()
+    assert not any(thread.is_alive() for thread in started)
     with pytest.raises(LeaseProviderClosed):
         facade.get_lease_owner("k")
     facade.close()  # idempotent
@@ -141,7 +152,7 @@ def test_calling_the_facade_from_its_own_loop_thread_is_refused(
     leases: SyncLeaseProvider,
 ) -> None:
     async def reenter() -> None:
-        leases.get_lease_owner("k")
+        leases.run(asyncio.sleep, 0)
 
     with pytest.raises(RuntimeError, match="own event-loop thread"):
         leases.run(reenter)

@@ -43,9 +43,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from .._contract import ManagedLeaseProvider
+    from ..sync import SyncLeaseProvider
 
 __all__ = [
+    "DEFAULT_SCENARIOS",
     "KEYS_PER_TASK",
+    "LEASEKIT_SYNC",
     "SCENARIOS",
     "AsyncCycler",
     "BenchReport",
@@ -88,11 +91,15 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("single", "1 task", tasks=1, shared_key=False),
         Scenario("concurrent", "64 tasks", tasks=64, shared_key=False),
         Scenario("contended", "16 tasks, 1 key", tasks=16, shared_key=True),
+        Scenario("parallel", "16 tasks", tasks=16, shared_key=False),
     )
 }
 """The scenarios, in the order they run: sequential cycles on distinct keys; 64
 concurrent tasks on distinct keys; 16 tasks racing for one key (acquisitions and
-denials counted)."""
+denials counted); 16 tasks on distinct keys (for sync contenders: 16 threads), run
+only when asked for."""
+
+DEFAULT_SCENARIOS = ("single", "concurrent", "contended")
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +263,46 @@ LEASEKIT = Contender(
 )
 
 
+class _LeasekitSyncCycler:
+    def __init__(self, facade: SyncLeaseProvider, ttl_ms: int) -> None:
+        self._facade = facade
+        self._acquire = facade.acquire_lease
+        self._release = facade.release_lease
+        self._ttl_ms = ttl_ms
+
+    def cycle(self, key: str, owner: str) -> bool:
+        result = self._acquire(key, owner, self._ttl_ms)
+        if result.acquired:
+            self._release(key, owner)
+        return result.acquired
+
+    def close(self) -> None:
+        self._facade.close()
+
+
+def _open_leasekit_sync(target: BenchTarget) -> SyncCycler:
+    from .. import sync  # noqa: PLC0415
+
+    facade = sync.connect(target.url)
+    try:
+        facade.open()
+    except BaseException:
+        facade.close()
+        raise
+    return _LeasekitSyncCycler(facade, target.ttl_ms)
+
+
+LEASEKIT_SYNC = Contender(
+    "leasekit-sync",
+    "leasekit.sync",
+    "leasekit",
+    open_sync=_open_leasekit_sync,
+    how="leasekit.sync.connect(url): the backend's blocking provider where it has one, "
+    "else a loop thread; acquire_lease, then release_lease if acquired",
+)
+"""leasekit's blocking API; a scheme lists it among its contenders (Redis does)."""
+
+
 # -- results ---------------------------------------------------------------------------
 
 
@@ -390,7 +437,7 @@ def run_bench(
     url: str,
     *,
     seconds: float = 2.0,
-    scenarios: Sequence[str] = tuple(SCENARIOS),
+    scenarios: Sequence[str] = DEFAULT_SCENARIOS,
     rounds: int = 1,
     ttl_ms: int = DEFAULT_TTL_MS,
     warmup_s: float | None = None,

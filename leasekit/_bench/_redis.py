@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ._core import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from ._core import LEASEKIT_SYNC, AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
 if TYPE_CHECKING:
     import redis
@@ -86,6 +86,35 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
         await client.aclose()
         raise
     return _RawCycler(client, str(sha), target.ttl_ms)
+
+
+class _SyncRawCycler:
+    def __init__(self, client: redis.Redis, sha: str, ttl_ms: int) -> None:
+        self._client = client
+        self._sha = sha
+        self._ttl_ms = ttl_ms
+
+    def cycle(self, key: str, owner: str) -> bool:
+        client = self._client
+        if not client.set(key, owner, nx=True, px=self._ttl_ms):
+            return False
+        client.evalsha(self._sha, 1, key, owner)
+        return True
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _open_sync_raw(target: BenchTarget) -> SyncCycler:
+    import redis  # noqa: PLC0415
+
+    client = redis.Redis.from_url(_driver_url(target.url))
+    try:
+        sha = client.script_load(_COMPARE_AND_DELETE)
+    except BaseException:
+        client.close()
+        raise
+    return _SyncRawCycler(client, str(sha), target.ttl_ms)
 
 
 # -- redis-py's Lock, asyncio and blocking --------------------------------------------------
@@ -245,6 +274,7 @@ async def _describe_server(target: BenchTarget) -> str | None:
 
 BENCH = SchemeBench(
     contenders=(
+        LEASEKIT_SYNC,
         Contender(
             "redis-raw",
             "redis-py raw",
@@ -253,6 +283,15 @@ BENCH = SchemeBench(
             requires=("redis",),
             install="pip install 'leasekit[redis]'",
             how="redis.asyncio: SET key owner NX PX ttl, then EVALSHA compare-and-delete",
+        ),
+        Contender(
+            "redis-raw-sync",
+            "redis-py raw (sync)",
+            "peer",
+            open_sync=_open_sync_raw,
+            requires=("redis",),
+            install="pip install 'leasekit[redis]'",
+            how="redis.Redis: SET key owner NX PX ttl, then EVALSHA compare-and-delete",
         ),
         Contender(
             "redis-py-lock-async",
