@@ -1,7 +1,7 @@
 """leasekit.sync: the blocking facade, driven from plain threads.
 
-On memory:// and SQLite through the loop thread, and on Redis through its native
-blocking provider (no thread hop): every test here holds on both paths.
+On memory:// and SQLite through the loop thread, and on Redis and PostgreSQL through
+their native blocking providers (no thread hop): every test here holds on both paths.
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ LONG_TTL_MS = 60_000
 THREADS = 8
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        postgres_url: str = request.getfixturevalue("postgres_url")
+        table: str = request.getfixturevalue("postgres_table")
+        return f"{postgres_url}{'&' if '?' in postgres_url else '?'}table={table}"
     if request.param == "redis":
         redis_url: str = request.getfixturevalue("redis_url")
         prefix: str = request.getfixturevalue("redis_prefix")
@@ -69,8 +73,8 @@ def test_the_five_operations_block_and_answer(leases: SyncLeaseProvider) -> None
     leases.release_lease("k", "b")
     assert leases.get_lease_owner("k") is None
     assert leases.capabilities.fencing
-    assert leases.backend in {"memory", "sqlite", "redis"}
-    assert leases.native == (leases.backend == "redis")
+    assert leases.backend in {"memory", "sqlite", "redis", "postgresql"}
+    assert leases.native == (leases.backend in {"redis", "postgresql"})
 
 
 def test_errors_are_the_async_ones(leases: SyncLeaseProvider) -> None:

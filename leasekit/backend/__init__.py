@@ -21,8 +21,9 @@ capabilities. Everything else is here, once:
   :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
   when a key may have become free, instead of polling.
 - :class:`SyncBackendProvider`, the protocols :class:`SyncProvider` and
-  :class:`SupportsSyncProvider`, and :func:`sync_factory`: a native blocking provider
-  for :mod:`leasekit.sync`, sharing the backend's statements, options and errors.
+  :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
+  native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
+  options and errors.
 
 See the guide "Writing a backend" in the documentation.
 """
@@ -41,7 +42,13 @@ from ._records import (
     SupportsSweep,
     supports,
 )
-from ._sync import SupportsSyncProvider, SyncBackendProvider, SyncProvider, sync_factory
+from ._sync import (
+    SupportsSyncProvider,
+    SyncBackendProvider,
+    SyncDeadlines,
+    SyncProvider,
+    sync_factory,
+)
 from ._urls import (
     Endpoint,
     Option,
@@ -75,6 +82,7 @@ __all__ = [
     "SupportsSweep",
     "SupportsSyncProvider",
     "SyncBackendProvider",
+    "SyncDeadlines",
     "SyncProvider",
     "coerce_bool",
     "map_errors",

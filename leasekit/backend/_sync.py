@@ -20,12 +20,18 @@ blocking or an asyncio connection), and differ only in which connection sends it
 Deadlines work differently without an event loop: a thread cannot be interrupted, so
 the blocking provider bounds every call by ``timeout_s`` through its driver (socket
 timeouts, a pool's wait, a statement timeout), and a stalled store then raises
-:class:`~leasekit.LeaseBackendTimeout` as the async provider does.
+:class:`~leasekit.LeaseBackendTimeout` as the async provider does. A driver without a
+client-side read timeout (psycopg's blocking connection) uses :class:`SyncDeadlines`:
+one watchdog thread per provider that, at an operation's deadline, breaks its
+connection (shuts its socket down), so the blocked read fails at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -35,7 +41,13 @@ from .._contract import LeaseResult
 from .._errors import LeaseProviderClosed
 from ._errors import ErrorMap
 
-__all__ = ["SupportsSyncProvider", "SyncBackendProvider", "SyncProvider", "sync_factory"]
+__all__ = [
+    "SupportsSyncProvider",
+    "SyncBackendProvider",
+    "SyncDeadlines",
+    "SyncProvider",
+    "sync_factory",
+]
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="SyncBackendProvider")
@@ -201,3 +213,94 @@ class SyncBackendProvider:
     def __repr__(self) -> str:
         parts = [self._describe()] + (["closed"] if self._closing else [])
         return f"{type(self).__name__}({', '.join(part for part in parts if part)})"
+
+
+class _Watch:
+    """One blocking call in flight: its deadline, what breaks it, whether that ran."""
+
+    __slots__ = ("closed", "deadline", "expired", "on_expire")
+
+    def __init__(self, deadline: float, on_expire: Callable[[], object]) -> None:
+        self.deadline = deadline
+        self.on_expire = on_expire
+        self.closed = False
+        self.expired = False
+
+
+class SyncDeadlines:
+    """Bounds blocking calls by ``timeout_s`` with one watchdog thread, for drivers without.
+
+    Every call of a provider has the same ``timeout_s``, so deadlines fall due in the
+    order calls began: a FIFO and one thread sleeping until the oldest open one bound
+    them all (the thread wakes about once per ``timeout_s`` under steady load, and
+    starts on first use). :meth:`open` before the blocking call, with ``on_expire``
+    that makes it fail promptly (shut the connection's socket down);
+    :meth:`close` after it, which says whether the deadline fired, so the caller
+    raises :class:`~leasekit.LeaseBackendTimeout` instead of the driver's error.
+    ``on_expire`` runs on the watchdog thread and must not block.
+    """
+
+    __slots__ = ("_cond", "_open", "_stopped", "_thread", "timeout_s")
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._open: deque[_Watch] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def open(self, on_expire: Callable[[], object]) -> _Watch:
+        """Start timing one call; ``on_expire()`` runs if it is still open at its deadline."""
+        watch = _Watch(time.monotonic() + self.timeout_s, on_expire)
+        with self._cond:
+            idle = not self._open
+            self._open.append(watch)
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._watch, name="leasekit-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif idle:
+                self._cond.notify()
+        return watch
+
+    @staticmethod
+    def close(watch: _Watch) -> bool:
+        """End timing ``watch``; True if its deadline fired (and ``on_expire`` ran or runs)."""
+        watch.closed = True
+        return watch.expired
+
+    def stop(self) -> None:
+        """End the watchdog thread (calls still open are no longer bounded by it)."""
+        with self._cond:
+            self._stopped = True
+            thread = self._thread
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _watch(self) -> None:
+        pending = self._open
+        while True:
+            due: list[_Watch] = []
+            with self._cond:
+                while not due:
+                    if self._stopped:
+                        return
+                    while pending and pending[0].closed:
+                        pending.popleft()
+                    if not pending:
+                        self._cond.wait()
+                        continue
+                    now = time.monotonic()
+                    while pending and (pending[0].closed or pending[0].deadline <= now):
+                        watch = pending.popleft()
+                        if not watch.closed:
+                            watch.expired = True
+                            due.append(watch)
+                    if not due and pending:
+                        self._cond.wait(pending[0].deadline - now)
+            for watch in due:
+                # A driver that breaks while being broken: nothing more to do for it.
+                with contextlib.suppress(Exception):
+                    watch.on_expire()
