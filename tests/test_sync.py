@@ -1,6 +1,6 @@
 """leasekit.sync: the blocking facade, driven from plain threads.
 
-On memory:// and SQLite through the loop thread, and on Redis and PostgreSQL through
+On memory:// through the loop thread, and on SQLite, Redis and PostgreSQL through
 their native blocking providers (no thread hop): every test here holds on both paths.
 """
 
@@ -74,7 +74,7 @@ def test_the_five_operations_block_and_answer(leases: SyncLeaseProvider) -> None
     assert leases.get_lease_owner("k") is None
     assert leases.capabilities.fencing
     assert leases.backend in {"memory", "sqlite", "redis", "postgresql"}
-    assert leases.native == (leases.backend in {"redis", "postgresql"})
+    assert leases.native == (leases.backend in {"redis", "postgresql", "sqlite"})
 
 
 def test_errors_are_the_async_ones(leases: SyncLeaseProvider) -> None:
