@@ -9,8 +9,6 @@ of the per-repetition ratios to redis-py's sync ``Lock``::
     python benchmarks/sync_ab.py redis://127.0.0.1:6379/0 --threads 1 16 --reps 10
 """
 
-# ruff: noqa: T201  (a benchmark reports by printing)
-
 from __future__ import annotations
 
 import argparse
@@ -74,7 +72,7 @@ def main() -> None:
         for threads in args.threads:
             rates: dict[str, list[float]] = {name: [] for name in CONTENDERS}
             cpus: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-            for name, cycler in cyclers.items():  # warm up
+            for cycler in cyclers.values():  # warm up
                 measure(cycler.cycle, threads, 0.2, namespace)
             for rep in range(args.reps):
                 order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]

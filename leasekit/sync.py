@@ -160,7 +160,13 @@ class SyncLeaseProvider:
                 finalizer = weakref.finalize(self, _stop_abandoned, runner.loop)
                 try:
                     built = asyncio.run_coroutine_threadsafe(_call(self._build), runner.loop)
-                    self._async_provider = self._wait(built)
+                    self._async_provider = provider = self._wait(built)
+                    enter = getattr(provider, "__aenter__", None)
+                    if self._native is not None and self._owns and enter is not None:
+                        # Built for a native facade, which is open: open it too, as
+                        # `with` opens the loop path's provider.
+                        opened = asyncio.run_coroutine_threadsafe(_call(enter), runner.loop)
+                        self._wait(opened)
                 except BaseException:
                     finalizer.detach()
                     runner.stop()

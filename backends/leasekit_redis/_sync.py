@@ -13,6 +13,8 @@ commands run at once; the rest wait their turn, within ``timeout_s``).
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 from typing import Any, TypeAlias
 
@@ -33,6 +35,7 @@ RedisSyncClient: TypeAlias = redis.Redis | redis.RedisCluster
 """The blocking clients the provider accepts: redis-py's, single server or cluster."""
 
 _Command = tuple[bytes | int | str, ...]
+_UNBOUNDED = 2**31
 
 
 class RedisSyncLeaseProvider(SyncBackendProvider):
@@ -77,14 +80,13 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
         # The async provider's waiters listen on the lease's channel: releases and
         # transfers from blocking code wake them too.
         self._publish = b"SPUBLISH" if cluster else b"PUBLISH"
-        # A single server's commands go straight to a pooled connection: redis-py's
-        # Redis.execute_command adds per-command timing and bookkeeping that cost
-        # about as much CPU as the round trip itself. A cluster routes by slot, so its
-        # client sends.
-        self._pool: ConnectionPool | None = (
-            None if isinstance(client, redis.RedisCluster) else client.connection_pool
-        )
-        self._slots: threading.BoundedSemaphore | None = None
+        # A single server's commands go straight to a connection (see _Connections); a
+        # cluster routes by slot, so its client sends.
+        self._connections: _Connections | None = None
+        if isinstance(client, redis.Redis):
+            pool = client.connection_pool
+            limit = getattr(pool, "max_connections", None) or _UNBOUNDED
+            self._connections = _Connections(pool, limit, self.timeout_s)
         self._server = _server_of(client)
 
     @property
@@ -107,7 +109,7 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
                     settings.driver_url, max_connections=settings.max_connections, **connection
                 )
             else:
-                # The provider's turns (below) keep at most max_connections in use, so
+                # The provider takes at most max_connections from it (_Connections), so
                 # the pool never runs out; its own wait would raise ConnectionError.
                 pool = ConnectionPool.from_url(
                     settings.driver_url, max_connections=settings.max_connections, **connection
@@ -117,44 +119,41 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
             raise InvalidLeaseArgument.for_argument(
                 "url", f"{exc} ({settings.redacted!r})"
             ) from None
-        provider = cls(
+        return cls(
             client,
             prefix=settings.prefix,
             timeout_s=settings.timeout_s,
             counter_ttl_ms=settings.counter_ttl_ms,
             close_client=True,
         )
-        if not settings.cluster:
-            provider._slots = threading.BoundedSemaphore(settings.max_connections)
-        return provider
 
     # -- one round trip -------------------------------------------------------------------
 
     def _execute(self, command: _Command) -> Any:
         """Send one command and return its reply; raises the driver's errors."""
-        pool = self._pool
-        if pool is None:
+        connections = self._connections
+        if connections is None:
             return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
-        slots = self._slots
-        if slots is not None and not slots.acquire(timeout=self.timeout_s):
+        connection = connections.take()
+        if connection is None:
             raise LeaseBackendTimeout(
                 f"no free connection within {self.timeout_s:g} s{self._where()}",
                 backend=self.backend,
             )
         try:
-            connection = pool.get_connection()
-            try:
-                # The connection's own retry: one immediate retry on a dropped
-                # connection (from_url's clients), none on a timeout.
-                return connection.retry.call_with_retry(
-                    lambda: _round_trip(connection, command),
-                    lambda _error: connection.disconnect(),  # type: ignore[no-untyped-call]
-                )
-            finally:
-                pool.release(connection)
+            # The connection's own retry: one immediate retry on a dropped connection
+            # (from_url's clients), none on a timeout.
+            return connection.retry.call_with_retry(
+                lambda: _round_trip(connection, command),
+                lambda _error: connection.disconnect(),
+            )
+        except BaseException:
+            # Whatever was cut short (a timeout, Ctrl-C mid-reply) may have left a reply
+            # unread: the connection starts afresh, reconnecting on its next command.
+            connection.disconnect()
+            raise
         finally:
-            if slots is not None:
-                slots.release()
+            connections.give(connection)
 
     def _evalsha(self, call: _replies.ScriptCall) -> Any:
         try:
@@ -165,6 +164,12 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
 
     def _connect(self) -> None:
         self._execute(("PING",))
+
+    def close(self) -> None:
+        """Refuse new operations, hand borrowed connections back, close a client built here."""
+        super().close()
+        if self._connections is not None:
+            self._connections.give_back()
 
     def _close_client(self) -> None:
         self._client.close()
@@ -217,6 +222,79 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
             publish=self._publish,
         )
         return _replies.read_flag(self._call(self._evalsha, call, key=key))
+
+
+class _Connections:
+    """Connections borrowed from redis-py's pool once, then handed out without it.
+
+    redis-py's ``get_connection``/``release`` cost about 15 µs of CPU per command (a
+    poll for stray input, fork checks, locks, metrics bookkeeping): more than leasekit's
+    own work on an operation. Here a connection is taken from the pool the first time
+    it is needed and then circulates through a lock-free queue; at most ``limit`` are
+    taken, and a thread that finds them all busy waits for one, within ``timeout_s``
+    (``take`` returns ``None`` at the deadline). A connection whose command failed is
+    disconnected before it goes back, so no stray reply is ever read as an answer.
+    After a fork the child borrows afresh.
+    """
+
+    __slots__ = ("_borrowed", "_idle", "_limit", "_lock", "_pid", "_pool", "_taken", "_timeout_s")
+
+    def __init__(self, pool: ConnectionPool, limit: int, timeout_s: float) -> None:
+        self._pool = pool
+        self._limit = limit
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._taken: list[Any] = []
+        self._borrowed = 0
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self._pid != os.getpid():
+            self._after_fork()
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            borrow = self._borrowed < self._limit
+            if borrow:
+                self._borrowed += 1
+        if borrow:
+            # Outside the lock: connecting may take up to the connect timeout.
+            try:
+                connection = self._pool.get_connection()
+            except BaseException:
+                with self._lock:
+                    self._borrowed -= 1
+                raise
+            with self._lock:
+                self._taken.append(connection)
+            return connection
+        try:
+            return self._idle.get(timeout=self._timeout_s)
+        except queue.Empty:
+            return None
+
+    def give(self, connection: Any) -> None:
+        self._idle.put(connection)
+
+    def give_back(self) -> None:
+        """Return every borrowed connection to redis-py's pool (the provider is closing)."""
+        with self._lock:
+            taken, self._taken = self._taken, []
+            self._limit = self._borrowed = 0
+        for connection in taken:
+            self._pool.release(connection)
+
+    def _after_fork(self) -> None:
+        # The parent's sockets are not ours to use: borrow new ones from the pool, which
+        # resets itself in the child.
+        with self._lock:
+            self._pid = os.getpid()
+            self._idle = queue.SimpleQueue()
+            self._taken = []
+            self._borrowed = 0
 
 
 def _round_trip(connection: Any, command: _Command) -> Any:
