@@ -7,7 +7,7 @@
 
 A facade (:class:`SyncLeaseProvider`) drives the backend one of two ways. Where the
 backend offers a native blocking provider (:class:`leasekit.backend.SupportsSyncProvider`:
-Redis, PostgreSQL), the five operations run on the driver's own blocking client in
+Redis, PostgreSQL, SQLite), the five operations run on the driver's own blocking client in
 the calling thread, with no thread hop; that provider shares the backend's scripts
 or statements, options, validation, errors and reply parsing with its async one.
 Otherwise (and for :func:`wrap`, ``native=False``, or while an event plugin is
@@ -383,7 +383,7 @@ def connect(
 ) -> SyncLeaseProvider:
     """The blocking twin of :func:`leasekit.connect`: a facade owning a new provider.
 
-    Where the backend offers a native blocking provider (Redis:
+    Where the backend offers a native blocking provider (Redis, PostgreSQL, SQLite:
     :class:`leasekit.backend.SupportsSyncProvider`), the five operations run on the
     driver's own blocking client in the calling thread, with no thread hop; other
     backends (and every backend while an event plugin is registered, so that events
