@@ -148,6 +148,13 @@ def test_scenarios_and_rounds_are_chosen_on_the_command_line() -> None:
         assert result["cycles_per_s"] == max(rates)  # each row is its fastest round
 
 
+def test_the_parallel_scenario_runs_sixteen_tasks_on_keys_of_their_own() -> None:
+    report = bench_json("memory://", "--scenarios", "parallel")
+    (result,) = report["results"]
+    assert (result["scenario"], result["tasks"]) == ("parallel", 16)
+    assert_measured(result)
+
+
 def test_sqlite_has_a_raw_sqlite3_floor_and_drops_its_table(tmp_path: Path) -> None:
     path = tmp_path / "bench.db"
     report = bench_json(f"sqlite:///{path}", "--scenarios", "single", "contended")

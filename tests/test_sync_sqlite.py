@@ -11,7 +11,7 @@ from leasekit_sqlite import SQLiteLeaseProvider
 
 import leasekit
 import leasekit.sync
-from leasekit import LeaseBackendTimeout
+from leasekit import BackendLacksCapability, LeaseBackendTimeout
 from leasekit.backend import sync_factory
 
 LONG_TTL_MS = 60_000
@@ -63,3 +63,9 @@ def test_sync_and_async_providers_share_one_file(tmp_path: Path) -> None:
     with leasekit.sync.connect(url) as leases:
         assert leases.acquire_lease("shared", "sync-owner", LONG_TTL_MS).acquired
         asyncio.run(check())
+
+
+def test_required_capabilities_are_checked_on_the_native_path(tmp_path: Path) -> None:
+    with pytest.raises(BackendLacksCapability) as caught:
+        leasekit.sync.connect(f"sqlite:///{tmp_path}/leases.db", require="shared_across_hosts")
+    assert caught.value.missing == ("shared_across_hosts",)
