@@ -171,10 +171,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--scenarios",
         nargs="+",
-        choices=("single", "concurrent", "contended", "handoff"),
+        choices=("single", "concurrent", "contended", "parallel", "handoff"),
         default=["single", "concurrent", "contended"],
         metavar="NAME",
-        help="any of single, concurrent, contended (default: these three), and handoff: "
+        help="any of single, concurrent, contended (default: these three), parallel "
+        "(16 tasks, or threads, on distinct keys), and handoff: "
         "how soon a waiting task holds a released key, with notifications and polling",
     )
     bench.add_argument(

@@ -23,6 +23,7 @@ from __future__ import annotations
 from ._bench import (
     ENTRY_POINT_GROUP,
     LEASEKIT,
+    LEASEKIT_SYNC,
     SCENARIOS,
     AsyncCycler,
     BenchReport,
@@ -42,6 +43,7 @@ from ._bench import (
 __all__ = [
     "ENTRY_POINT_GROUP",
     "LEASEKIT",
+    "LEASEKIT_SYNC",
     "SCENARIOS",
     "AsyncCycler",
     "BenchReport",

@@ -5,12 +5,17 @@
     with leasekit.sync.connect("sqlite:///leases.db") as leases:
         result = leases.acquire_lease("thread-42", owner, ttl_ms=30_000)
 
-A facade (:class:`SyncLeaseProvider`) runs one event loop in one background thread
-and runs the async provider there; each blocking call submits one coroutine to that
-loop and waits for it. Nothing is written twice: the operations are the backend's own
-async code, and :func:`hold` is :func:`leasekit.hold` running on the facade's loop.
-Any number of threads may share one facade; the provider itself only ever runs on
-the loop thread, so it needs no thread-safety of its own.
+A facade (:class:`SyncLeaseProvider`) drives the backend one of two ways. Where the
+backend offers a native blocking provider (:class:`leasekit.backend.SupportsSyncProvider`:
+Redis, PostgreSQL, SQLite), the five operations run on the driver's own blocking client in
+the calling thread, with no thread hop; that provider shares the backend's scripts
+or statements, options, validation, errors and reply parsing with its async one.
+Otherwise (and for :func:`wrap`, ``native=False``, or while an event plugin is
+registered) the facade runs one event loop in one background thread and runs the
+async provider there; each blocking call submits one coroutine to that loop and
+waits for it. Nothing is written twice either way: :func:`hold` is
+:func:`leasekit.hold` running on the facade's loop (started on first use on a native
+facade). Any number of threads may share one facade.
 """
 
 from __future__ import annotations
@@ -22,15 +27,23 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar, cast
 
 from . import _hooks
 from ._capabilities import Capabilities, capabilities_of
 from ._contract import LeaseProvider, LeaseResult
-from ._errors import InvalidLeaseArgument, LeaseLost, LeaseProviderClosed
+from ._errors import (
+    BackendLacksCapability,
+    BackendUnavailable,
+    InvalidLeaseArgument,
+    LeaseLost,
+    LeaseProviderClosed,
+)
 from ._hold import _DEFAULT_MAX_POLL_S, _DEFAULT_POLL_S, LeaseHold
 from ._hold import wait_for as _async_wait_for
+from ._registry import BackendRegistry, _validate_require, scheme_of
 from ._watch import watch_owner as _async_watch_owner
+from .backend._sync import SyncProvider, sync_factory
 
 __all__ = [
     "SyncLeaseHold",
@@ -113,31 +126,81 @@ class SyncLeaseProvider:
         *,
         owns_provider: bool,
         thread_name: str = "leasekit-sync",
+        native: SyncProvider | None = None,
     ) -> None:
         self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._closed = False
         self._owns = owns_provider
         self._opened = False
         self._holds: set[asyncio.Task[None]] = set()
-        self._runner = _LoopThread(thread_name)
-        self._finalizer = weakref.finalize(self, _stop_abandoned, self._runner.loop)
-        try:
-            self._provider = self._run_coroutine(_call(build))
-        except BaseException:
-            self._finalizer.detach()
-            self._runner.stop()
-            raise
-        self.backend = _hooks.backend_name(self._provider)
+        self._build = build
+        self._thread_name = thread_name
+        self._native = native
+        self._runner: _LoopThread | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._async_provider: LeaseProvider | None = None
+        if native is not None:
+            self.backend: str = native.backend
+        else:
+            # The loop path builds the provider now, so a bad URL raises here.
+            self._loop_runner()
+            self.backend = _hooks.backend_name(self._async_provider)
+
+    def _loop_runner(self) -> _LoopThread:
+        """The loop thread, started (and the async provider built on it) on first need."""
+        runner = self._runner
+        if runner is not None:
+            return runner
+        with self._start_lock:
+            if self._runner is None:
+                if self._closed:
+                    raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
+                runner = _LoopThread(self._thread_name)
+                finalizer = weakref.finalize(self, _stop_abandoned, runner.loop)
+                try:
+                    built = asyncio.run_coroutine_threadsafe(_call(self._build), runner.loop)
+                    self._async_provider = provider = self._wait(built)
+                    enter = getattr(provider, "__aenter__", None)
+                    if self._native is not None and self._owns and enter is not None:
+                        # Built for a native facade, which is open: open it too, as
+                        # `with` opens the loop path's provider.
+                        opened = asyncio.run_coroutine_threadsafe(_call(enter), runner.loop)
+                        self._wait(opened)
+                except BaseException:
+                    finalizer.detach()
+                    runner.stop()
+                    raise
+                self._finalizer = finalizer
+                self._runner = runner
+            return self._runner
+
+    @property
+    def native(self) -> bool:
+        """True when the five operations run on the backend's own blocking client.
+
+        Then no thread is started for them; :meth:`run`, :attr:`provider`,
+        :func:`hold`, :func:`wait_for` and :func:`watch_owner` still use the async
+        provider, built on a loop thread the first time one of them is called.
+        """
+        return self._native is not None
 
     @property
     def provider(self) -> LeaseProvider:
-        """The async provider underneath; use it only on this facade's loop (see :meth:`run`)."""
-        return self._provider
+        """The async provider underneath; use it only on this facade's loop (see :meth:`run`).
+
+        On a native facade, the first access starts the loop thread and builds it.
+        """
+        self._loop_runner()
+        assert self._async_provider is not None
+        return self._async_provider
 
     @property
     def capabilities(self) -> Capabilities:
         """The provider's declared capabilities."""
-        return capabilities_of(self._provider)
+        if self._native is not None:
+            return self._native.capabilities
+        return capabilities_of(self.provider)
 
     @property
     def closed(self) -> bool:
@@ -149,7 +212,12 @@ class SyncLeaseProvider:
     def _submit(
         self, coro: Coroutine[Any, Any, _T], *, internal: bool = False
     ) -> concurrent.futures.Future[_T]:
-        if self._runner.in_loop_thread():
+        try:
+            runner = self._loop_runner()
+        except BaseException:
+            coro.close()
+            raise
+        if runner.in_loop_thread():
             coro.close()
             raise RuntimeError(
                 "a leasekit.sync call was made from the facade's own event-loop thread "
@@ -161,7 +229,7 @@ class SyncLeaseProvider:
             if self._closed and not internal:
                 coro.close()
                 raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
-            return asyncio.run_coroutine_threadsafe(coro, self._runner.loop)
+            return asyncio.run_coroutine_threadsafe(coro, runner.loop)
 
     def _wait(self, future: concurrent.futures.Future[_T]) -> _T:
         try:
@@ -188,23 +256,38 @@ class SyncLeaseProvider:
 
     def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         """Blocking :meth:`leasekit.LeaseProvider.acquire_lease`."""
-        return self.run(self._provider.acquire_lease, key, owner, ttl_ms)
+        native = self._native
+        if native is not None:
+            return native.acquire_lease(key, owner, ttl_ms)
+        return self.run(self.provider.acquire_lease, key, owner, ttl_ms)
 
     def get_lease_owner(self, key: str) -> str | None:
         """Blocking :meth:`leasekit.LeaseProvider.get_lease_owner`."""
-        return self.run(self._provider.get_lease_owner, key)
+        native = self._native
+        if native is not None:
+            return native.get_lease_owner(key)
+        return self.run(self.provider.get_lease_owner, key)
 
     def release_lease(self, key: str, owner: str) -> None:
         """Blocking :meth:`leasekit.LeaseProvider.release_lease`."""
-        return self.run(self._provider.release_lease, key, owner)
+        native = self._native
+        if native is not None:
+            return native.release_lease(key, owner)
+        return self.run(self.provider.release_lease, key, owner)
 
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`leasekit.LeaseProvider.renew_lease`."""
-        return self.run(self._provider.renew_lease, key, owner, ttl_ms)
+        native = self._native
+        if native is not None:
+            return native.renew_lease(key, owner, ttl_ms)
+        return self.run(self.provider.renew_lease, key, owner, ttl_ms)
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`leasekit.LeaseProvider.transfer_lease`."""
-        return self.run(self._provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
+        native = self._native
+        if native is not None:
+            return native.transfer_lease(key, from_owner, to_owner, ttl_ms)
+        return self.run(self.provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -215,9 +298,14 @@ class SyncLeaseProvider:
         provider the caller opens and closes it.
         """
         if self._owns and not self._opened:
-            enter = getattr(self._provider, "__aenter__", None)
-            if enter is not None:
-                self.run(enter)
+            if self._native is not None:
+                if self._closed:
+                    raise LeaseProviderClosed(backend=self.backend)
+                self._native.open()
+            else:
+                enter = getattr(self.provider, "__aenter__", None)
+                if enter is not None:
+                    self.run(enter)
             self._opened = True
         return self
 
@@ -228,17 +316,28 @@ class SyncLeaseProvider:
         and those holds are marked lost. Idempotent; safe from any thread but the
         facade's own loop thread.
         """
-        if self._runner.in_loop_thread():
+        runner = self._runner
+        if runner is not None and runner.in_loop_thread():
             raise RuntimeError("close() cannot run on the facade's own event-loop thread")
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         try:
-            self._run_coroutine(self._shutdown(), internal=True)
+            if self._native is not None and self._owns:
+                self._native.close()
         finally:
-            self._finalizer.detach()
-            self._runner.stop()
+            # No loop thread starts from now on (_loop_runner sees _closed); one that
+            # is starting has finished once this lock is ours.
+            with self._start_lock:
+                runner = self._runner
+            if runner is not None:
+                try:
+                    self._run_coroutine(self._shutdown(), internal=True)
+                finally:
+                    if self._finalizer is not None:
+                        self._finalizer.detach()
+                    runner.stop()
 
     async def _shutdown(self) -> None:
         holds = list(self._holds)
@@ -247,7 +346,7 @@ class SyncLeaseProvider:
         if holds:
             await asyncio.wait(holds)
         if self._owns:
-            close = getattr(self._provider, "aclose", None)
+            close = getattr(self._async_provider, "aclose", None)
             if close is not None:
                 await close()
 
@@ -264,7 +363,8 @@ class SyncLeaseProvider:
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
-        return f"<SyncLeaseProvider {self._provider!r}{state}>"
+        inner = self._native if self._native is not None else self._async_provider
+        return f"<SyncLeaseProvider {inner!r}{state}>"
 
 
 async def _call(fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
@@ -278,23 +378,68 @@ def connect(
     *,
     require: Iterable[str] | str = (),
     thread_name: str | None = None,
+    native: bool = True,
     **options: Any,
 ) -> SyncLeaseProvider:
     """The blocking twin of :func:`leasekit.connect`: a facade owning a new provider.
 
-    The provider is built on the facade's loop thread (so clients that bind to a loop
-    bind to that one) and opened by ``with`` (or :meth:`SyncLeaseProvider.open`, or
-    lazily by the first operation). ``thread_name`` names the loop thread. Raises what
-    :func:`leasekit.connect` raises.
+    Where the backend offers a native blocking provider (Redis, PostgreSQL, SQLite:
+    :class:`leasekit.backend.SupportsSyncProvider`), the five operations run on the
+    driver's own blocking client in the calling thread, with no thread hop; other
+    backends (and every backend while an event plugin is registered, so that events
+    fire, or with ``native=False``) run the async provider on a loop thread named
+    ``thread_name``. Either way the provider is opened by ``with`` (or
+    :meth:`SyncLeaseProvider.open`, or lazily by the first operation), and
+    :func:`connect` raises what :func:`leasekit.connect` raises.
     """
-    from . import connect as async_connect  # noqa: PLC0415 (leasekit/__init__ imports us lazily)
+    import leasekit  # noqa: PLC0415 (leasekit/__init__ imports us lazily)
+
+    name = thread_name or f"leasekit-sync {url}"
 
     async def build() -> LeaseProvider:
-        return async_connect(url, require=require, **options)
+        return leasekit.connect(url, require=require, **options)
 
-    return SyncLeaseProvider(
-        build, owns_provider=True, thread_name=thread_name or f"leasekit-sync {url}"
-    )
+    blocking = _native_provider(leasekit._registry, url, require, options) if native else None
+    return SyncLeaseProvider(build, owns_provider=True, thread_name=name, native=blocking)
+
+
+def _native_provider(
+    registry: BackendRegistry,
+    url: str,
+    require: Iterable[str] | str,
+    options: dict[str, Any],
+) -> SyncProvider | None:
+    """The backend's native blocking provider for ``url``, or ``None`` to use the loop."""
+    if _hooks.relay() is not None:
+        return None  # events are emitted around the async provider's operations
+    scheme = scheme_of(url)
+    wanted = _validate_require(require)
+    factory = sync_factory(registry.load(scheme))
+    if factory is None:
+        return None
+    provider: object = factory(url, **options)
+    needed = (*_OPERATIONS, "open", "close")
+    if not all(callable(getattr(provider, method, None)) for method in needed):
+        raise BackendUnavailable(
+            f"backend {scheme!r} returned {type(provider).__name__} from sync_from_url, "
+            f"which is not a blocking lease provider with open() and close()",
+            scheme=scheme,
+        )
+    blocking = cast("SyncProvider", provider)
+    missing = tuple(name for name in wanted if not getattr(blocking.capabilities, name))
+    if missing:
+        blocking.close()  # sync_from_url does no I/O; this only drops the client
+        raise BackendLacksCapability(backend=scheme, missing=missing)
+    return blocking
+
+
+_OPERATIONS = (
+    "acquire_lease",
+    "get_lease_owner",
+    "release_lease",
+    "renew_lease",
+    "transfer_lease",
+)
 
 
 def wrap(
@@ -464,7 +609,7 @@ class SyncLeaseHold:
         release = self._release
         if done is None or release is None:
             return
-        loop = self._facade._runner.loop
+        loop = self._facade._loop_runner().loop
         if not done.done():
             # RuntimeError: the loop already shut down, the facade was closed under us.
             with contextlib.suppress(RuntimeError):

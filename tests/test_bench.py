@@ -64,12 +64,14 @@ RESULT_KEYS = {
 }
 # Redis peers by id, and the module each needs.
 REDIS_PEERS = {
+    "leasekit-sync": "redis",
+    "redis-raw-sync": "redis",
     "redis-py-lock-async": "redis",
     "redis-py-lock-sync": "redis",
     "python-redis-lock": "redis_lock",
     "tooz": "tooz",
 }
-SYNC_PEERS = {"redis-py-lock-sync", "python-redis-lock", "tooz"}
+SYNC_PEERS = {"leasekit-sync", "redis-raw-sync", "redis-py-lock-sync", "python-redis-lock", "tooz"}
 
 
 def leasekit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -145,6 +147,13 @@ def test_scenarios_and_rounds_are_chosen_on_the_command_line() -> None:
         rates = result["round_cycles_per_s"]
         assert len(rates) == 2
         assert result["cycles_per_s"] == max(rates)  # each row is its fastest round
+
+
+def test_the_parallel_scenario_runs_sixteen_tasks_on_keys_of_their_own() -> None:
+    report = bench_json("memory://", "--scenarios", "parallel")
+    (result,) = report["results"]
+    assert (result["scenario"], result["tasks"]) == ("parallel", 16)
+    assert_measured(result)
 
 
 def test_sqlite_has_a_raw_sqlite3_floor_and_drops_its_table(tmp_path: Path) -> None:

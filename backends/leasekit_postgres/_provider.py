@@ -21,7 +21,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, ClassVar, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -52,6 +52,9 @@ from leasekit.backend import (
 from . import _calls, _sql
 from ._notify import PostgresReleaseListener, channel_for
 from ._options import BACKEND, PROVIDER_OPTIONS, check_grace, pool_settings, table_name
+
+if TYPE_CHECKING:
+    from ._sync import PostgresSyncLeaseProvider
 
 __all__ = ["LeaseRecord", "PostgresClient", "PostgresLeaseProvider"]
 
@@ -215,6 +218,17 @@ class PostgresLeaseProvider(BackendProvider):
             open=False,
         )
         return cls(pool, close_client=True, **settings.provider)
+
+    @classmethod
+    def sync_from_url(cls, url: str, **options: Any) -> PostgresSyncLeaseProvider:
+        """The blocking provider :func:`leasekit.sync.connect` uses for this URL.
+
+        The same URL, options and errors as :meth:`from_url`, on psycopg's blocking
+        pool; see :class:`~leasekit_postgres.PostgresSyncLeaseProvider`.
+        """
+        from ._sync import PostgresSyncLeaseProvider  # noqa: PLC0415 (only for leasekit.sync)
+
+        return PostgresSyncLeaseProvider.from_url(url, **options)
 
     # -- one call: bounded, retried once on a lost connection, translated ---------------
 

@@ -2,7 +2,7 @@
 
 Registered in the ``leasekit.bench`` entry-point group for ``redis`` and ``rediss``,
 and imported only when such a URL is benchmarked. Every contender reads the URL with
-the provider's own parser (:func:`~leasekit_redis._provider.url_settings`): the host,
+the provider's own parser (:func:`~leasekit_redis._options.url_settings`): the host,
 database, credentials and redis-py settings mean the same to each, and a URL the
 provider refuses is refused before anything runs. leasekit's own options (``prefix``,
 ``timeout_s``, ``max_connections``, ...) shape only leasekit's client; the floor and
@@ -22,13 +22,20 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import (
+    LEASEKIT_SYNC,
+    AsyncCycler,
+    BenchTarget,
+    Contender,
+    SchemeBench,
+    SyncCycler,
+)
 
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
-    from ._provider import RedisURLSettings
+    from ._options import RedisURLSettings
 
 __all__ = ["BENCH"]
 
@@ -43,7 +50,7 @@ return 0
 
 
 def _settings(target: BenchTarget) -> RedisURLSettings:
-    from ._provider import url_settings  # noqa: PLC0415 (drivers load only when benchmarked)
+    from ._options import url_settings  # noqa: PLC0415 (drivers load only when benchmarked)
 
     return url_settings(target.url)
 
@@ -107,6 +114,33 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
         await client.aclose()
         raise
     return _RawCycler(client, str(sha), target.ttl_ms)
+
+
+class _SyncRawCycler:
+    def __init__(self, client: redis.Redis, sha: str, ttl_ms: int) -> None:
+        self._client = client
+        self._sha = sha
+        self._ttl_ms = ttl_ms
+
+    def cycle(self, key: str, owner: str) -> bool:
+        client = self._client
+        if not client.set(key, owner, nx=True, px=self._ttl_ms):
+            return False
+        client.evalsha(self._sha, 1, key, owner)
+        return True
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _open_sync_raw(target: BenchTarget) -> SyncCycler:
+    client = _sync_client(_settings(target))
+    try:
+        sha = client.script_load(_COMPARE_AND_DELETE)
+    except BaseException:
+        client.close()
+        raise
+    return _SyncRawCycler(client, str(sha), target.ttl_ms)
 
 
 # -- redis-py's Lock, asyncio and blocking --------------------------------------------------
@@ -272,6 +306,7 @@ async def _describe_server(target: BenchTarget) -> str | None:
 
 BENCH = SchemeBench(
     contenders=(
+        LEASEKIT_SYNC,
         Contender(
             "redis-raw",
             "redis-py raw",
@@ -280,6 +315,15 @@ BENCH = SchemeBench(
             requires=("redis",),
             install="pip install 'leasekit[redis]'",
             how="redis.asyncio: SET key owner NX PX ttl, then EVALSHA compare-and-delete",
+        ),
+        Contender(
+            "redis-raw-sync",
+            "redis-py raw (sync)",
+            "peer",
+            open_sync=_open_sync_raw,
+            requires=("redis",),
+            install="pip install 'leasekit[redis]'",
+            how="redis.Redis: SET key owner NX PX ttl, then EVALSHA compare-and-delete",
         ),
         Contender(
             "redis-py-lock-async",

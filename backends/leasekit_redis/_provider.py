@@ -12,201 +12,50 @@ Cluster: the names a script touches share one hash tag (``_keys``).
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, TypeAlias, TypeVar
-from urllib.parse import urlencode
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 import redis.asyncio
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, BlockingConnectionPool
-from redis.asyncio.connection import parse_url as redis_parse_url
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import (
-    AuthenticationWrongNumberOfArgsError,
-    MaxConnectionsError,
     NoScriptError,
     RedisClusterException,
     RedisError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from leasekit import (
     Capabilities,
     InvalidLeaseArgument,
     LeaseBackendError,
-    LeaseBackendTimeout,
-    LeaseBackendUnreachable,
     LeaseResult,
     validate_key,
-    validate_owner,
-    validate_ttl_ms,
 )
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
     LeaseRecord,
     Option,
-    OptionSet,
     ReleaseHub,
     ReleaseWatch,
-    parse_url,
     redact_url,
-    timeout_option,
 )
 
-from . import _keys, _replies
+from . import _keys, _ops, _options, _replies
 from ._notify import RedisReleaseListener
 
-__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider", "RedisURLSettings", "url_settings"]
+if TYPE_CHECKING:
+    from ._sync import RedisSyncLeaseProvider
+
+__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
 
 RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
 """The clients the provider accepts: redis-py's asyncio client, single server or cluster."""
 
 _T = TypeVar("_T")
-_SCHEMES = ("redis", "rediss")
-_DEFAULT_PORT = 6379
-_MAX_COUNTER_TTL_MS = 2**40  # about 35 years: far beyond any use, far below PX's limit
-_MAX_PREFIX_BYTES = 256
 _INSPECT_BATCH = 256
-_DATABASE = re.compile(r"/([0-9]+)?")
-
-
-def _check_prefix(prefix: str) -> str:
-    if "{" in prefix or "}" in prefix:
-        raise InvalidLeaseArgument.for_argument(
-            "prefix",
-            f"must not contain '{{' or '}}' (leasekit puts the Redis Cluster hash tag "
-            f"after the prefix), got {prefix!r}",
-            prefix,
-        )
-    try:
-        raw = prefix.encode()
-    except UnicodeEncodeError:
-        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
-    if len(raw) > _MAX_PREFIX_BYTES:
-        raise InvalidLeaseArgument.for_argument(
-            "prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes"
-        )
-    return prefix
-
-
-_PREFIX = Option("prefix", str, "leasekit:", check=_check_prefix)
-_TIMEOUT = timeout_option(5.0)
-# One hour; see docs/backends/redis.md. None keeps counters forever.
-_COUNTER_TTL = Option(
-    "counter_ttl_ms", int, 3_600_000, minimum=1, maximum=_MAX_COUNTER_TTL_MS, nullable=True
-)
-_CLUSTER = Option("cluster", bool, False)
 _LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
-# Connections the built client opens at most (per node on a cluster); operations beyond
-# that wait for a free one within timeout_s. 50 is redis-py's BlockingConnectionPool's.
-_MAX_CONNECTIONS = Option("max_connections", int, 50, minimum=1, maximum=100_000)
-
-# Connection settings that redis-py reads from a URL's query, passed through to it.
-# max_connections is leasekit's own (it sizes the blocking pool), and the pool's wait
-# ("timeout") is bounded by timeout_s, so neither passes through.
-_DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "timeout"}) | {
-    "client_name",
-    "ssl_keyfile",
-    "ssl_certfile",
-    "ssl_cert_reqs",
-    "ssl_ca_certs",
-    "ssl_ca_path",
-    "ssl_ciphers",
-    "ssl_password",
-}
-_OPTIONS = (_PREFIX, _TIMEOUT, _COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS)
-# TLS settings only make sense, and only pass through, with rediss://.
-_OPTION_SETS = {
-    "redis": OptionSet(
-        "redis", _OPTIONS, driver=frozenset(n for n in _DRIVER_QUERY if not n.startswith("ssl_"))
-    ),
-    "rediss": OptionSet("redis", _OPTIONS, driver=_DRIVER_QUERY),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RedisURLSettings:
-    """A ``redis://`` URL and ``from_url``'s keyword options, parsed and checked.
-
-    ``driver_url`` is the URL redis-py reads: host, port, database, credentials and
-    the connection settings that pass through, without leasekit's options. The rest
-    are leasekit's options, defaults filled in. The benchmark's floor and peers
-    (``leasekit_redis._bench``) connect from the same settings as the provider.
-    """
-
-    driver_url: str
-    redacted: str
-    prefix: str
-    timeout_s: float
-    counter_ttl_ms: int | None
-    cluster: bool
-    max_connections: int
-
-
-def url_settings(url: str, **options: Any) -> RedisURLSettings:
-    """Parse ``url`` and ``options`` as :meth:`RedisLeaseProvider.from_url` does; no I/O.
-
-    Raises :class:`~leasekit.InvalidLeaseArgument` for anything ``from_url`` refuses.
-    """
-    parsed = parse_url(url, schemes=_SCHEMES, default_port=_DEFAULT_PORT)
-    settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
-    values = settled.values
-    if len(parsed.endpoints) > 1:
-        raise InvalidLeaseArgument.for_argument(
-            "url",
-            f"takes one host (a cluster client finds the other nodes itself), got "
-            f"{len(parsed.endpoints)} in {parsed.redacted!r}",
-        )
-    database = _DATABASE.fullmatch(parsed.path) if parsed.path else None
-    if parsed.path and database is None:
-        raise InvalidLeaseArgument.for_argument(
-            "url",
-            f"the database must be a number after the host, as in /0, got "
-            f"{parsed.path!r} in {parsed.redacted!r}",
-        )
-    cluster: bool = values["cluster"]
-    if cluster and database is not None and int(database.group(1) or 0) != 0:
-        raise InvalidLeaseArgument.for_argument(
-            "url",
-            f"Redis Cluster has only database 0, got db {parsed.path!r} in {parsed.redacted!r}",
-        )
-    query = urlencode(settled.driver)
-    driver_url = parsed.without_query() + (f"?{query}" if query else "")
-    try:
-        redis_parse_url(driver_url)
-    except ValueError as exc:
-        raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
-    return RedisURLSettings(
-        driver_url=driver_url,
-        redacted=parsed.redacted,
-        prefix=values["prefix"],
-        timeout_s=values["timeout_s"],
-        counter_ttl_ms=values["counter_ttl_ms"],
-        cluster=cluster,
-        max_connections=values["max_connections"],
-    )
-
-
-class _RedisErrors(ErrorMap):
-    """The toolkit's table, plus one rule: a cluster failure is judged by its cause.
-
-    A cluster client with no reachable node raises ``RedisClusterException`` ("cannot
-    be connected") from the ``ConnectionError`` of its last attempt; that cause (a
-    refused connection, a name that does not resolve, a wrong password) says what
-    happened, so it decides the class.
-    """
-
-    __slots__ = ()
-
-    def classify(self, exc: BaseException) -> type[LeaseBackendError]:
-        cause = exc.__cause__
-        if isinstance(exc, RedisClusterException) and isinstance(cause, RedisError | OSError):
-            return super().classify(cause)
-        return super().classify(exc)
 
 
 class RedisLeaseProvider(BackendProvider):
@@ -247,30 +96,15 @@ class RedisLeaseProvider(BackendProvider):
         persistent=False,
         release_notifications=True,
     )
-    # Subclasses before their bases: MaxConnectionsError is a ConnectionError (a
-    # caller's non-blocking pool ran out, not an unreachable server), the AUTH
-    # arity error a ResponseError. AuthenticationError, AuthorizationError, refused
-    # connections, DNS and TLS failures all arrive as redis-py's ConnectionError.
-    # RedisClusterException is not a RedisError.
-    errors: ClassVar[ErrorMap] = _RedisErrors(
-        {
-            MaxConnectionsError: LeaseBackendError,
-            AuthenticationWrongNumberOfArgsError: LeaseBackendUnreachable,
-            RedisTimeoutError: LeaseBackendTimeout,
-            RedisConnectionError: LeaseBackendUnreachable,
-            RedisClusterException: LeaseBackendError,
-            RedisError: LeaseBackendError,
-        },
-        backend="redis",
-    )
+    errors: ClassVar[ErrorMap] = _options.ERRORS
 
     def __init__(
         self,
         client: RedisClient,
         *,
-        prefix: str = _PREFIX.default,
-        timeout_s: float = _TIMEOUT.default,
-        counter_ttl_ms: int | None = _COUNTER_TTL.default,
+        prefix: str = _options.PREFIX.default,
+        timeout_s: float = _options.TIMEOUT.default,
+        counter_ttl_ms: int | None = _options.COUNTER_TTL.default,
         close_client: bool = False,
     ) -> None:
         if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
@@ -279,9 +113,11 @@ class RedisLeaseProvider(BackendProvider):
                 "must be a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio "
                 f"client), got {type(client).__module__}.{type(client).__qualname__}",
             )
-        self.prefix: str = _PREFIX.validate(prefix)
-        self.counter_ttl_ms: int | None = _COUNTER_TTL.validate(counter_ttl_ms)
-        super().__init__(timeout_s=_TIMEOUT.validate(timeout_s), owns_client=bool(close_client))
+        self.prefix: str = _options.PREFIX.validate(prefix)
+        self.counter_ttl_ms: int | None = _options.COUNTER_TTL.validate(counter_ttl_ms)
+        super().__init__(
+            timeout_s=_options.TIMEOUT.validate(timeout_s), owns_client=bool(close_client)
+        )
         self._client: RedisClient = client
         self._prefix = self.prefix.encode()
         self._server = _server_of(client)
@@ -326,30 +162,21 @@ class RedisLeaseProvider(BackendProvider):
         per node on a cluster); an operation that finds them all busy waits for one,
         within its ``timeout_s``.
         """
-        settings = url_settings(url, **options)
+        settings = _options.parse(url, options)
+        driver_url, cluster = settings.driver_url, settings.cluster
         timeout_s, max_connections = settings.timeout_s, settings.max_connections
-        client_settings: dict[str, Any] = {
-            "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
-            # One immediate retry on a dropped connection (a restarted server, an idle
-            # link cut by a proxy) and none on timeouts; see docs/backends/redis.md.
-            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            "retry_on_error": [RedisConnectionError],
-        }
+        connection = _options.connection_settings(timeout_s, Retry)
         client: RedisClient
         try:
-            if settings.cluster:
+            if cluster:
                 client = redis.asyncio.RedisCluster.from_url(
-                    settings.driver_url, max_connections=max_connections, **client_settings
+                    driver_url, max_connections=max_connections, **connection
                 )
             else:
                 # Blocking, never MaxConnectionsError, should anything take a connection
                 # outside the provider's turns (its wait is bounded by timeout_s).
                 pool = BlockingConnectionPool.from_url(
-                    settings.driver_url,
-                    max_connections=max_connections,
-                    timeout=None,
-                    **client_settings,
+                    driver_url, max_connections=max_connections, timeout=None, **connection
                 )
                 client = redis.asyncio.Redis.from_pool(pool)
         except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
@@ -365,6 +192,17 @@ class RedisLeaseProvider(BackendProvider):
         )
         provider._slots = asyncio.Semaphore(max_connections)
         return provider
+
+    @classmethod
+    def sync_from_url(cls, url: str, **options: Any) -> RedisSyncLeaseProvider:
+        """The blocking provider :func:`leasekit.sync.connect` uses for this URL.
+
+        The same URL, options and errors as :meth:`from_url`, on redis-py's blocking
+        client; see :class:`~leasekit_redis.RedisSyncLeaseProvider`.
+        """
+        from ._sync import RedisSyncLeaseProvider  # noqa: PLC0415 (loaded only for leasekit.sync)
+
+        return RedisSyncLeaseProvider.from_url(url, **options)
 
     # -- one round trip: the toolkit bounds it and maps its errors ------------------------
 
@@ -405,22 +243,12 @@ class RedisLeaseProvider(BackendProvider):
         return f" (server {self._server})" if self._server else ""
 
     def _garbled(self, key: str | None, exc: _replies.GarbledReply) -> LeaseBackendError:
-        return LeaseBackendError(
-            f"unexpected data at the lease's Redis key ({exc}); is another program "
-            f"writing under the prefix {self.prefix!r}?",
-            backend=self.backend,
-            key=key,
-        )
+        return _options.garbled(exc, prefix=self.prefix, key=key)
 
     # -- the contract -------------------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        call = _replies.acquire_request(
-            self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
-        )
+        call = _ops.acquire(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
         reply = await self._call(self._send(self._evalsha, call), key)
         try:
             return _replies.read_acquire(reply, owner)
@@ -428,8 +256,7 @@ class RedisLeaseProvider(BackendProvider):
             raise self._garbled(key, exc) from exc
 
     async def get_lease_owner(self, key: str) -> str | None:
-        validate_key(key)
-        command = _replies.owner_request(self._prefix, key)
+        command = _ops.owner(self._prefix, key)
         reply = await self._call(self._send(self._client.execute_command, *command), key)
         try:
             return _replies.read_owner(reply)
@@ -437,31 +264,15 @@ class RedisLeaseProvider(BackendProvider):
             raise self._garbled(key, exc) from exc
 
     async def release_lease(self, key: str, owner: str) -> None:
-        validate_key(key)
-        validate_owner(owner)
-        await self._call(
-            self._send(
-                self._evalsha,
-                _replies.release_request(self._prefix, key, owner, publish=self._publish),
-            ),
-            key,
-        )
+        call = _ops.release(self._prefix, key, owner, publish=self._publish)
+        await self._call(self._send(self._evalsha, call), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        call = _replies.renew_request(
-            self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
-        )
+        call = _ops.renew(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
         return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(from_owner, "from_owner")
-        validate_owner(to_owner, "to_owner")
-        validate_ttl_ms(ttl_ms)
-        call = _replies.transfer_request(
+        call = _ops.transfer(
             self._prefix,
             key,
             from_owner,
@@ -559,7 +370,7 @@ def _server_of(client: RedisClient) -> str:
         return next(iter(client.nodes_manager.startup_nodes), "")
     kwargs = client.connection_pool.connection_kwargs
     if "host" in kwargs:
-        return f"{kwargs['host']}:{kwargs.get('port', _DEFAULT_PORT)}"
+        return f"{kwargs['host']}:{kwargs.get('port', _options.DEFAULT_PORT)}"
     if "path" in kwargs:
         return redact_url(str(kwargs["path"]))
     return ""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
 import random
 import sqlite3
@@ -27,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
 
 from leasekit import (
@@ -40,8 +39,6 @@ from leasekit import (
     LeaseProviderClosed,
     LeaseResult,
     validate_key,
-    validate_owner,
-    validate_ttl_ms,
 )
 from leasekit.backend import (
     BackendProvider,
@@ -53,9 +50,12 @@ from leasekit.backend import (
     timeout_option,
 )
 
-from . import _sql
+from . import _sql, _work
 
 __all__ = ["SQLiteLeaseProvider", "SQLiteURLSettings", "url_settings"]
+
+if TYPE_CHECKING:
+    from ._sync import SQLiteSyncLeaseProvider
 
 _T = TypeVar("_T")
 _BACKEND = "sqlite"
@@ -193,6 +193,17 @@ class SQLiteLeaseProvider(BackendProvider):
         settings = url_settings(url, **options)
         return cls(settings.path, **settings.options)
 
+    @classmethod
+    def sync_from_url(cls, url: str, **options: Any) -> SQLiteSyncLeaseProvider:
+        """The blocking provider :func:`leasekit.sync.connect` uses for this URL.
+
+        The same URL, options and errors as :meth:`from_url`; see
+        :class:`~leasekit_sqlite.SQLiteSyncLeaseProvider`.
+        """
+        from ._sync import SQLiteSyncLeaseProvider  # noqa: PLC0415 (only for leasekit.sync)
+
+        return SQLiteSyncLeaseProvider(cls.from_url(url, **options))
+
     # -- BackendProvider hooks -----------------------------------------------------------
 
     async def _connect(self) -> None:
@@ -290,17 +301,7 @@ class SQLiteLeaseProvider(BackendProvider):
             raise DatabaseLocked("the call's deadline passed while it waited for the thread")
         conn.execute(f"PRAGMA busy_timeout = {left_ms}")
 
-    @staticmethod
-    def _transaction(conn: sqlite3.Connection, body: Callable[[], _T]) -> _T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body()
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+    _transaction = staticmethod(_work.transaction)
 
     @staticmethod
     def _retry_busy(fn: Callable[[], _T], deadline: float) -> _T:
@@ -349,17 +350,24 @@ class SQLiteLeaseProvider(BackendProvider):
     async def _run(
         self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
     ) -> _T:
-        if write:
-            self._writes += 1
-            if self._writes % self._sweep_every == 0:
-                inner = work
+        return await self._call(self._in_executor(self._sweeping(work, write=write)), key)
 
-                def work(conn: sqlite3.Connection) -> _T:
-                    result = inner(conn)
-                    self._sweep(conn)
-                    return result
+    def _sweeping(
+        self, work: Callable[[sqlite3.Connection], _T], *, write: bool
+    ) -> Callable[[sqlite3.Connection], _T]:
+        """``work``, followed by a sweep on every ``sweep_every``-th write."""
+        if not write:
+            return work
+        self._writes += 1
+        if self._writes % self._sweep_every:
+            return work
 
-        return await self._call(self._in_executor(work), key)
+        def work_then_sweep(conn: sqlite3.Connection) -> _T:
+            result = work(conn)
+            self._sweep(conn)
+            return result
+
+        return work_then_sweep
 
     def _sweep(self, conn: sqlite3.Connection) -> int:
         """Delete one bounded batch of expired rows, raising the token floor over them."""
@@ -375,40 +383,13 @@ class SQLiteLeaseProvider(BackendProvider):
             self._writes = -1  # a backlog: sweep again on the next write
         return deleted
 
-    def _write(self, statement: str, params: dict[str, Any]) -> Callable[[sqlite3.Connection], int]:
-        def work(conn: sqlite3.Connection) -> int:
-            return self._transaction(conn, lambda: int(conn.execute(statement, params).rowcount))
-
-        return work
-
     # -- the contract -------------------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
-
-        def work(conn: sqlite3.Connection) -> LeaseResult:
-            def body() -> LeaseResult:
-                grant = _sql.granted(conn.execute(_sql.ACQUIRE, params).fetchone(), owner)
-                if grant is not None:
-                    return grant
-                # Same transaction, so the holder seen here is the one that denied us.
-                return _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
-
-            return self._transaction(conn, body)
-
-        return await self._run(work, key, write=True)
+        return await self._run(_work.acquire(key, owner, ttl_ms), key, write=True)
 
     async def get_lease_owner(self, key: str) -> str | None:
-        validate_key(key)
-        params = _sql.key_params(key)
-        return await self._run(
-            lambda conn: _sql.holder_from(conn.execute(_sql.OWNER, params).fetchone()),
-            key,
-            write=False,
-        )
+        return await self._run(_work.owner(key), key, write=False)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
@@ -425,29 +406,13 @@ class SQLiteLeaseProvider(BackendProvider):
         )
 
     async def release_lease(self, key: str, owner: str) -> None:
-        validate_key(key)
-        validate_owner(owner)
-        await self._run(
-            self._write(_sql.RELEASE, _sql.key_params(key, owner=owner)), key, write=True
-        )
+        await self._run(_work.release(key, owner), key, write=True)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
-        return _sql.changed(await self._run(self._write(_sql.RENEW, params), key, write=True))
+        return await self._run(_work.renew(key, owner, ttl_ms), key, write=True)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(from_owner, "from_owner")
-        validate_owner(to_owner, "to_owner")
-        validate_ttl_ms(ttl_ms)
-        params = {
-            **_sql.key_params(key, from_owner=from_owner, to_owner=to_owner),
-            "ttl_ms": ttl_ms,
-        }
-        return _sql.changed(await self._run(self._write(_sql.TRANSFER, params), key, write=True))
+        return await self._run(_work.transfer(key, from_owner, to_owner, ttl_ms), key, write=True)
 
     # -- beyond the contract -------------------------------------------------------------
 

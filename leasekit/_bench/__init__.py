@@ -26,12 +26,13 @@ from ._model import (
     SyncCycler,
 )
 from ._report import render_json, render_table
-from ._runner import LEASEKIT, run_bench
+from ._runner import LEASEKIT, LEASEKIT_SYNC, run_bench
 from ._schemes import ENTRY_POINT_GROUP, register_scheme, scheme_bench
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "LEASEKIT",
+    "LEASEKIT_SYNC",
     "SCENARIOS",
     "AsyncCycler",
     "BenchReport",

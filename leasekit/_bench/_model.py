@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "DEFAULT_SCENARIOS",
     "DEFAULT_TTL_MS",
     "KEYS_PER_TASK",
     "SCENARIOS",
@@ -54,11 +55,16 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("single", "1 task", tasks=1, shared_key=False),
         Scenario("concurrent", "64 tasks", tasks=64, shared_key=False),
         Scenario("contended", "16 tasks, 1 key", tasks=16, shared_key=True),
+        Scenario("parallel", "16 tasks", tasks=16, shared_key=False),
     )
 }
 """The scenarios, in the order they run: sequential cycles on distinct keys; 64
 concurrent tasks on distinct keys; 16 tasks racing for one key (acquisitions and
-denials counted)."""
+denials counted); 16 tasks on distinct keys (for sync contenders: 16 threads), run
+only when asked for."""
+
+DEFAULT_SCENARIOS = ("single", "concurrent", "contended")
+"""What ``leasekit bench`` runs unless told otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +159,10 @@ class SchemeBench:
         floors = [contender.id for contender in self.contenders if contender.role == "floor"]
         if len(floors) > 1:
             raise ValueError(f"a scheme has at most one floor, got {floors}")
-        if any(contender.role == "leasekit" for contender in self.contenders):
-            raise ValueError("leasekit's own contender is added by the runner")
+        others = [c.id for c in self.contenders if c.role == "leasekit" and c.id != "leasekit-sync"]
+        if others:
+            # The runner adds leasekit itself; a scheme may list leasekit.bench.LEASEKIT_SYNC.
+            raise ValueError(f"leasekit's own contenders are leasekit's, got {others}")
 
 
 # -- results ---------------------------------------------------------------------------

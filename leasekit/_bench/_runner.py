@@ -35,6 +35,7 @@ from .._errors import InvalidLeaseArgument
 from .._registry import scheme_of
 from ..backend import redact_url
 from ._model import (
+    DEFAULT_SCENARIOS,
     DEFAULT_TTL_MS,
     KEYS_PER_TASK,
     SCENARIOS,
@@ -50,8 +51,9 @@ from ._schemes import scheme_bench
 
 if TYPE_CHECKING:
     from .._contract import ManagedLeaseProvider
+    from ..sync import SyncLeaseProvider
 
-__all__ = ["LEASEKIT", "run_bench"]
+__all__ = ["LEASEKIT", "LEASEKIT_SYNC", "run_bench"]
 
 _MAX_WARMUP_S = 0.5
 
@@ -95,6 +97,46 @@ LEASEKIT = Contender(
     open_async=_open_leasekit,
     how="leasekit.connect(url): acquire_lease, then release_lease if acquired",
 )
+
+
+class _LeasekitSyncCycler:
+    def __init__(self, facade: SyncLeaseProvider, ttl_ms: int) -> None:
+        self._facade = facade
+        self._acquire = facade.acquire_lease
+        self._release = facade.release_lease
+        self._ttl_ms = ttl_ms
+
+    def cycle(self, key: str, owner: str) -> bool:
+        result = self._acquire(key, owner, self._ttl_ms)
+        if result.acquired:
+            self._release(key, owner)
+        return result.acquired
+
+    def close(self) -> None:
+        self._facade.close()
+
+
+def _open_leasekit_sync(target: BenchTarget) -> SyncCycler:
+    from .. import sync  # noqa: PLC0415
+
+    facade = sync.connect(target.url)
+    try:
+        facade.open()
+    except BaseException:
+        facade.close()
+        raise
+    return _LeasekitSyncCycler(facade, target.ttl_ms)
+
+
+LEASEKIT_SYNC = Contender(
+    "leasekit-sync",
+    "leasekit.sync",
+    "leasekit",
+    open_sync=_open_leasekit_sync,
+    how="leasekit.sync.connect(url): the backend's blocking provider where it has one, "
+    "else a loop thread; acquire_lease, then release_lease if acquired",
+)
+"""leasekit's blocking API; a scheme lists it among its contenders (Redis does)."""
 
 
 # -- the runner --------------------------------------------------------------------------
@@ -141,7 +183,7 @@ def run_bench(
     url: str,
     *,
     seconds: float = 2.0,
-    scenarios: Sequence[str] = tuple(SCENARIOS),
+    scenarios: Sequence[str] = DEFAULT_SCENARIOS,
     rounds: int = 1,
     ttl_ms: int = DEFAULT_TTL_MS,
     warmup_s: float | None = None,

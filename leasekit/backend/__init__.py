@@ -20,6 +20,10 @@ capabilities. Everything else is here, once:
 - :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
   :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
   when a key may have become free, instead of polling.
+- :class:`SyncBackendProvider`, the protocols :class:`SyncProvider` and
+  :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
+  native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
+  options and errors.
 
 See the guide "Writing a backend" in the documentation.
 """
@@ -37,6 +41,13 @@ from ._records import (
     SupportsMigrate,
     SupportsSweep,
     supports,
+)
+from ._sync import (
+    SupportsSyncProvider,
+    SyncBackendProvider,
+    SyncDeadlines,
+    SyncProvider,
+    sync_factory,
 )
 from ._urls import (
     Endpoint,
@@ -69,10 +80,15 @@ __all__ = [
     "SupportsReleaseNotifications",
     "SupportsRemaining",
     "SupportsSweep",
+    "SupportsSyncProvider",
+    "SyncBackendProvider",
+    "SyncDeadlines",
+    "SyncProvider",
     "coerce_bool",
     "map_errors",
     "parse_url",
     "redact_url",
     "supports",
+    "sync_factory",
     "timeout_option",
 ]

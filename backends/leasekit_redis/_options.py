@@ -1,0 +1,239 @@
+"""What the async and the blocking Redis providers share: options, URL parsing, errors.
+
+One source for both: :func:`parse` reads a ``redis://`` / ``rediss://`` URL and
+options into :class:`RedisSettings` (everything validated, nothing connected), and
+:data:`ERRORS` maps redis-py's exceptions, which its asyncio and blocking clients
+share, to leasekit's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.asyncio.connection import parse_url as redis_parse_url
+from redis.exceptions import (
+    AuthenticationWrongNumberOfArgsError,
+    MaxConnectionsError,
+    RedisClusterException,
+    RedisError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from leasekit import (
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
+)
+from leasekit.backend import ErrorMap, Option, OptionSet, parse_url, timeout_option
+
+__all__ = [
+    "COUNTER_TTL",
+    "ERRORS",
+    "PREFIX",
+    "TIMEOUT",
+    "RedisSettings",
+    "connection_settings",
+    "garbled",
+    "parse",
+]
+
+_SCHEMES = ("redis", "rediss")
+DEFAULT_PORT = 6379
+_MAX_COUNTER_TTL_MS = 2**40  # about 35 years: far beyond any use, far below PX's limit
+_MAX_PREFIX_BYTES = 256
+_DATABASE = re.compile(r"/([0-9]+)?")
+
+
+def _check_prefix(prefix: str) -> str:
+    if "{" in prefix or "}" in prefix:
+        raise InvalidLeaseArgument.for_argument(
+            "prefix",
+            f"must not contain '{{' or '}}' (leasekit puts the Redis Cluster hash tag "
+            f"after the prefix), got {prefix!r}",
+            prefix,
+        )
+    try:
+        raw = prefix.encode()
+    except UnicodeEncodeError:
+        raise InvalidLeaseArgument.for_argument("prefix", "must be encodable as UTF-8") from None
+    if len(raw) > _MAX_PREFIX_BYTES:
+        raise InvalidLeaseArgument.for_argument(
+            "prefix", f"must be at most {_MAX_PREFIX_BYTES} UTF-8 bytes"
+        )
+    return prefix
+
+
+PREFIX = Option("prefix", str, "leasekit:", check=_check_prefix)
+TIMEOUT = timeout_option(5.0)
+# One hour; see docs/backends/redis.md. None keeps counters forever.
+COUNTER_TTL = Option(
+    "counter_ttl_ms", int, 3_600_000, minimum=1, maximum=_MAX_COUNTER_TTL_MS, nullable=True
+)
+_CLUSTER = Option("cluster", bool, False)
+# Connections the built client opens at most (per node on a cluster); operations beyond
+# that wait for a free one within timeout_s. 50 is redis-py's BlockingConnectionPool's.
+_MAX_CONNECTIONS = Option("max_connections", int, 50, minimum=1, maximum=100_000)
+
+# Connection settings that redis-py reads from a URL's query, passed through to it.
+# max_connections is leasekit's own (it sizes the blocking pool), and the pool's wait
+# ("timeout") is bounded by timeout_s, so neither passes through.
+_DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "timeout"}) | {
+    "client_name",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_ciphers",
+    "ssl_password",
+}
+_OPTIONS = (PREFIX, TIMEOUT, COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS)
+# TLS settings only make sense, and only pass through, with rediss://.
+_OPTION_SETS = {
+    "redis": OptionSet(
+        "redis", _OPTIONS, driver=frozenset(n for n in _DRIVER_QUERY if not n.startswith("ssl_"))
+    ),
+    "rediss": OptionSet("redis", _OPTIONS, driver=_DRIVER_QUERY),
+}
+
+
+class _RedisErrors(ErrorMap):
+    """The toolkit's table, plus one rule: a cluster failure is judged by its cause.
+
+    A cluster client with no reachable node raises ``RedisClusterException`` ("cannot
+    be connected") from the ``ConnectionError`` of its last attempt; that cause (a
+    refused connection, a name that does not resolve, a wrong password) says what
+    happened, so it decides the class.
+    """
+
+    __slots__ = ()
+
+    def classify(self, exc: BaseException) -> type[LeaseBackendError]:
+        cause = exc.__cause__
+        if isinstance(exc, RedisClusterException) and isinstance(cause, RedisError | OSError):
+            return super().classify(cause)
+        return super().classify(exc)
+
+
+# Subclasses before their bases: MaxConnectionsError is a ConnectionError (a
+# caller's non-blocking pool ran out, not an unreachable server), the AUTH
+# arity error a ResponseError. AuthenticationError, AuthorizationError, refused
+# connections, DNS and TLS failures all arrive as redis-py's ConnectionError.
+# RedisClusterException is not a RedisError.
+ERRORS: ErrorMap = _RedisErrors(
+    {
+        MaxConnectionsError: LeaseBackendError,
+        AuthenticationWrongNumberOfArgsError: LeaseBackendUnreachable,
+        RedisTimeoutError: LeaseBackendTimeout,
+        RedisConnectionError: LeaseBackendUnreachable,
+        RedisClusterException: LeaseBackendError,
+        RedisError: LeaseBackendError,
+    },
+    backend="redis",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """A parsed URL and its options: what either provider builds its client from."""
+
+    driver_url: str
+    """The URL redis-py gets: host, credentials, db and the passed-through query."""
+    prefix: str
+    timeout_s: float
+    counter_ttl_ms: int | None
+    cluster: bool
+    max_connections: int
+    redacted: str
+    """The URL as messages show it: no password."""
+
+
+def parse(url: str, options: dict[str, Any]) -> RedisSettings:
+    """Read ``url`` and ``options`` (which override the query); no I/O.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` for anything redis-py or leasekit
+    would refuse, naming the redacted URL.
+    """
+    parsed = parse_url(url, schemes=_SCHEMES, default_port=DEFAULT_PORT)
+    settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
+    values = settled.values
+    if len(parsed.endpoints) > 1:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"takes one host (a cluster client finds the other nodes itself), got "
+            f"{len(parsed.endpoints)} in {parsed.redacted!r}",
+        )
+    database = _DATABASE.fullmatch(parsed.path) if parsed.path else None
+    if parsed.path and database is None:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"the database must be a number after the host, as in /0, got "
+            f"{parsed.path!r} in {parsed.redacted!r}",
+        )
+    cluster: bool = values["cluster"]
+    if cluster and database is not None and int(database.group(1) or 0) != 0:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"Redis Cluster has only database 0, got db {parsed.path!r} in {parsed.redacted!r}",
+        )
+    query = urlencode(settled.driver)
+    driver_url = parsed.without_query() + (f"?{query}" if query else "")
+    try:
+        redis_parse_url(driver_url)
+    except ValueError as exc:
+        raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+    return RedisSettings(
+        driver_url,
+        values["prefix"],
+        values["timeout_s"],
+        values["counter_ttl_ms"],
+        cluster,
+        values["max_connections"],
+        parsed.redacted,
+    )
+
+
+def connection_settings(timeout_s: float, retry: Any) -> dict[str, Any]:
+    """The connection keywords both clients get; ``retry`` is the client's ``Retry`` class.
+
+    Every socket wait is bounded by ``timeout_s``. One immediate retry on a dropped
+    connection (a restarted server, an idle link cut by a proxy) and none on
+    timeouts; see docs/backends/redis.md.
+    """
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+
+    return {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        "retry_on_error": [RedisConnectionError],
+    }
+
+
+def garbled(exc: ValueError, *, prefix: str, key: str | None) -> LeaseBackendError:
+    """The error for data at a lease's name that no leasekit script wrote."""
+    return LeaseBackendError(
+        f"unexpected data at the lease's Redis key ({exc}); is another program "
+        f"writing under the prefix {prefix!r}?",
+        backend="redis",
+        key=key,
+    )
+
+
+RedisURLSettings = RedisSettings
+"""The name the benchmark (``leasekit_redis._bench``) knows the parsed settings by."""
+
+
+def url_settings(url: str, **options: Any) -> RedisSettings:
+    """Parse ``url`` and ``options`` as :meth:`RedisLeaseProvider.from_url` does; no I/O.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` for anything ``from_url`` refuses. The
+    benchmark's floor and peers connect from the same settings as the provider.
+    """
+    return parse(url, dict(options))
