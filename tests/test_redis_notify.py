@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from anyio import fail_after as anyio_fail_after
 from servers import missing_extra
 
 try:
@@ -87,3 +88,47 @@ async def test_closing_wakes_every_waiter(client: redis.asyncio.Redis) -> None:
     watch = await listener.watch("k", b"lease:{k}")
     await listener.aclose()
     assert await watch.wait(0)
+
+
+async def test_waiters_arriving_together_share_one_confirmed_subscription(
+    client: redis.asyncio.Redis,
+) -> None:
+    """Eight watches of one key started in the same loop turn: one SUBSCRIBE, and every
+    one of them returns once the server confirmed it (none waits for a confirmation
+    that another waiter's reply already consumed)."""
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    try:
+        with anyio_fail_after(BOUND_S):
+            watches = await asyncio.gather(*(listener.watch("k", b"lease:{k}") for _ in range(8)))
+        assert (await client.pubsub_numsub(channel_name(b"lease:{k}")))[0][1] == 1
+        await client.publish(channel_name(b"lease:{k}"), b"")
+        for watch in watches:
+            assert await watch.wait(BOUND_S)
+            watch.close()
+    finally:
+        await listener.aclose()
+
+
+async def test_a_waiter_who_comes_back_as_the_last_one_left_is_still_subscribed(
+    client: redis.asyncio.Redis,
+) -> None:
+    """The last waiter leaves (an UNSUBSCRIBE goes out in the background) and a new one
+    watches the key at once: whatever order the two commands reach the server in, the
+    new waiter hears the next release."""
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    channel = channel_name(b"lease:{k}")
+    try:
+        for _ in range(20):
+            first = await listener.watch("k", b"lease:{k}")
+            first.close()  # the last waiter: unsubscribes in the background
+            again = await listener.watch("k", b"lease:{k}")
+            try:
+                with anyio_fail_after(BOUND_S):
+                    while (await client.pubsub_numsub(channel))[0][1] != 1:  # noqa: ASYNC110 (the server's count)
+                        await asyncio.sleep(0.005)
+                await client.publish(channel, b"")
+                assert await again.wait(BOUND_S), "the new waiter was left unsubscribed"
+            finally:
+                again.close()
+    finally:
+        await listener.aclose()

@@ -270,13 +270,6 @@ def test_transfer_from_a_thread(leases: SyncLeaseProvider) -> None:
 
 
 def test_holds_in_many_threads_exclude_each_other(leases: SyncLeaseProvider) -> None:
-    if leases.backend == "redis":
-        # Eight holds waiting at once on one key through the *async* Redis provider
-        # (hold runs there, native facade or not): now and then a watch_release
-        # subscription is never confirmed and the hold fails with a 5 s timeout; pure
-        # asyncio reproduces it. A bug of the async release notifications, not of
-        # leasekit.sync; see /work/notes/hsync.md.
-        pytest.skip("async Redis release-notification race under 8 concurrent waiters")
     inside = 0
     most = 0
     guard = threading.Lock()

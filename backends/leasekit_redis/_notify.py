@@ -51,34 +51,58 @@ class RedisReleaseListener:
         self._closed = False
 
     async def watch(self, key: str, lease: bytes) -> ReleaseWatch:
-        """Watch ``key`` (whose lease name is ``lease``); returns once subscribed."""
+        """Watch ``key`` (whose lease name is ``lease``); returns once subscribed.
+
+        The first waiter of a key subscribes; the others who arrive before the server
+        confirms it wait for the same confirmation (one ``SUBSCRIBE`` per channel: the
+        channel and its confirmation are registered before anything is awaited).
+        """
         watch = self.hub.watch(key)
         channel = channel_name(lease)
         try:
+            pending = self._confirmed.get(channel)
             if channel not in self._channels:
-                await asyncio.wait_for(self._subscribe(channel, key), self._timeout_s)
-            else:
-                pending = self._confirmed.get(channel)
-                if pending is not None:
-                    await asyncio.wait_for(asyncio.shield(pending), self._timeout_s)
+                self._channels[channel] = key
+                pending = asyncio.get_running_loop().create_future()
+                self._confirmed[channel] = pending
+                await asyncio.wait_for(self._subscribe(channel, pending), self._timeout_s)
+            elif pending is not None:
+                await asyncio.wait_for(asyncio.shield(pending), self._timeout_s)
         except BaseException:
             watch.close()
             raise
         return watch
 
-    async def _subscribe(self, channel: bytes, key: str) -> None:
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-        self._channels[channel] = key
-        confirmed = asyncio.get_running_loop().create_future()
-        self._confirmed[channel] = confirmed
-        if self._sharded:
-            await self._pubsub.ssubscribe(channel)
-        else:
-            await self._pubsub.subscribe(channel)
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(self._read())
-        await asyncio.shield(confirmed)
+    async def _subscribe(self, channel: bytes, confirmed: asyncio.Future[None]) -> None:
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            if self._sharded:
+                await self._pubsub.ssubscribe(channel)
+            else:
+                await self._pubsub.subscribe(channel)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.get_running_loop().create_task(self._read())
+            await asyncio.shield(confirmed)
+        except BaseException:
+            # Not subscribed: the next waiter starts over, and those sharing this
+            # confirmation are told now rather than at their timeout.
+            if self._confirmed.get(channel) is confirmed:
+                del self._confirmed[channel]
+                self._channels.pop(channel, None)
+            if not confirmed.done():
+                confirmed.set_exception(ConnectionError("subscribing to releases failed"))
+                confirmed.add_done_callback(_ignore_outcome)
+            raise
+
+    def _resubscribe(self, channel: bytes) -> None:
+        """An unsubscription crossed a newer subscription: subscribe the channel again."""
+        pubsub = self._pubsub
+        if pubsub is None or self._closed:
+            return
+        subscribe = pubsub.ssubscribe if self._sharded else pubsub.subscribe
+        task = asyncio.get_running_loop().create_task(subscribe(channel))
+        task.add_done_callback(_ignore_outcome)
 
     def _drop(self, key: str) -> None:
         """The last waiter of ``key`` left: unsubscribe its channel (in the background)."""
@@ -105,22 +129,7 @@ class RedisReleaseListener:
                     message = await pubsub.get_message(timeout=None)
                 if message is None:
                     continue
-                kind = message.get("type")
-                channel = message.get("channel")
-                if isinstance(channel, str):
-                    channel = channel.encode()
-                if kind in ("subscribe", "ssubscribe"):
-                    confirmed = self._confirmed.pop(channel, None)
-                    if confirmed is not None and not confirmed.done():
-                        confirmed.set_result(None)
-                    elif channel in self._channels:
-                        # redis-py reconnected and subscribed again: messages published
-                        # in between were lost, so this key's waiters look again.
-                        self.hub.notify(self._channels[channel])
-                elif kind in ("message", "smessage"):
-                    key = self._channels.get(channel)
-                    if key is not None:
-                        self.hub.notify(key)
+                self._handle(message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (the channel is lost: wake everyone, start over)
@@ -128,6 +137,31 @@ class RedisReleaseListener:
                 "release notifications lost (%s: %s); waiters fall back", type(exc).__name__, exc
             )
             self._lost()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, str):
+            channel = channel.encode()
+        if kind in ("subscribe", "ssubscribe"):
+            confirmed = self._confirmed.pop(channel, None)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
+            elif channel in self._channels:
+                # redis-py reconnected and subscribed again: messages published
+                # in between were lost, so this key's waiters look again.
+                self.hub.notify(self._channels[channel])
+        elif kind in ("unsubscribe", "sunsubscribe"):
+            key = self._channels.get(channel)
+            if key is not None:
+                # The last waiter left and a new one came before this reply: the
+                # server no longer sends what the new one waits for.
+                self._resubscribe(channel)
+                self.hub.notify(key)
+        elif kind in ("message", "smessage"):
+            key = self._channels.get(channel)
+            if key is not None:
+                self.hub.notify(key)
 
     def _lost(self) -> None:
         """The subscriber connection failed: forget it; every waiter looks again."""
