@@ -6,7 +6,9 @@ how to read the answer are pure functions (``_replies``); this module only drive
 over redis-py's asyncio client, on the lifecycle, deadlines and error mapping of
 :class:`leasekit.backend.BackendProvider`. Expiry is Redis's own ``PX`` TTL on the
 server clock. Works on a single server, behind Sentinel-managed clients, and on Redis
-Cluster: the names a script touches share one hash tag (``_keys``).
+Cluster: the names a script touches share one hash tag (``_keys``). Operations that
+many tasks start together are written together, one pipeline per event-loop iteration
+(``_pipeline``); one alone goes out at once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationWrongNumberOfArgsError,
     MaxConnectionsError,
-    NoScriptError,
     RedisClusterException,
     RedisError,
 )
@@ -59,6 +60,7 @@ from leasekit.backend import (
 
 from . import _keys, _replies
 from ._notify import RedisReleaseListener
+from ._pipeline import AutoPipeline
 
 __all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
 
@@ -104,6 +106,8 @@ _LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
 # Connections the built client opens at most (per node on a cluster); operations beyond
 # that wait for a free one within timeout_s. 50 is redis-py's BlockingConnectionPool's.
 _MAX_CONNECTIONS = Option("max_connections", int, 50, minimum=1, maximum=100_000)
+# Operations started in one event-loop iteration share one pipeline (see _pipeline).
+_AUTOPIPELINE = Option("autopipeline", bool, True)
 
 # Connection settings that redis-py reads from a URL's query, passed through to it.
 # max_connections is leasekit's own (it sizes the blocking pool), and the pool's wait
@@ -118,7 +122,7 @@ _DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "ti
     "ssl_ciphers",
     "ssl_password",
 }
-_OPTIONS = (_PREFIX, _TIMEOUT, _COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS)
+_OPTIONS = (_PREFIX, _TIMEOUT, _COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS, _AUTOPIPELINE)
 # TLS settings only make sense, and only pass through, with rediss://.
 _OPTION_SETS = {
     "redis": OptionSet(
@@ -166,6 +170,11 @@ class RedisLeaseProvider(BackendProvider):
       way, because a new token is also at least the server's clock in microseconds;
       the counter guards against that clock stepping back, for that long. A counter
       costs about 150-200 bytes of Redis memory per distinct key.
+    - ``autopipeline`` (default True): operations that several tasks start in the same
+      event-loop iteration go out together, in one non-transactional pipeline (each
+      script still atomic, each caller with its own reply, error and deadline); an
+      operation started while nothing else is in flight goes out at once. False
+      sends every operation on its own.
 
     No persistence is assumed (``persistent=False``): what survives a Redis restart
     depends on the server's RDB/AOF configuration, and a failover may lose the last
@@ -208,6 +217,7 @@ class RedisLeaseProvider(BackendProvider):
         prefix: str = _PREFIX.default,
         timeout_s: float = _TIMEOUT.default,
         counter_ttl_ms: int | None = _COUNTER_TTL.default,
+        autopipeline: bool = _AUTOPIPELINE.default,
         close_client: bool = False,
     ) -> None:
         if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
@@ -229,6 +239,14 @@ class RedisLeaseProvider(BackendProvider):
         # connection take it straight back, so under load a waiter can starve past
         # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
         self._slots: asyncio.Semaphore | None = None
+        self._pipeline = AutoPipeline(
+            client,
+            enabled=_AUTOPIPELINE.validate(autopipeline),
+            deadlines=self._deadlines,
+            spawn=self._spawn,
+            timeout=self._timeout,
+        )
+        self._submit = self._pipeline.submit
         # Release notifications: the scripts publish on the lease's channel, sharded on a
         # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
         cluster = isinstance(client, redis.asyncio.RedisCluster)
@@ -244,6 +262,11 @@ class RedisLeaseProvider(BackendProvider):
         )
 
     @property
+    def autopipeline(self) -> bool:
+        """Whether operations started together are written together (see the class doc)."""
+        return self._pipeline.enabled
+
+    @property
     def client(self) -> RedisClient:
         """The redis-py client the provider runs on (the caller's, or the one it built)."""
         return self._client
@@ -255,8 +278,9 @@ class RedisLeaseProvider(BackendProvider):
         ``redis://[user:password@]host[:port][/db]``: ``db`` is a number (default 0).
         The query may carry redis-py connection settings (``ssl_cert_reqs``,
         ``client_name``, ...), passed through, and leasekit's options (``prefix``,
-        ``timeout_s``, ``counter_ttl_ms``, ``max_connections``, and ``cluster=true``
-        for a ``RedisCluster`` client), which keyword arguments override. Anything else
+        ``timeout_s``, ``counter_ttl_ms``, ``max_connections``, ``autopipeline``, and
+        ``cluster=true`` for a ``RedisCluster`` client), which keyword arguments
+        override. Anything else
         is an :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
 
         The client's pool opens at most ``max_connections`` connections (default 50;
@@ -294,7 +318,10 @@ class RedisLeaseProvider(BackendProvider):
         timeout_s: float = values["timeout_s"]
         max_connections: int = values["max_connections"]
         settings: dict[str, Any] = {
-            "socket_timeout": timeout_s,
+            # No socket timeout (unless the URL sets one): the provider's own deadline
+            # bounds every operation, and redis-py's would cost a task per write and a
+            # timer per read.
+            "socket_timeout": None,
             "socket_connect_timeout": timeout_s,
             # One immediate retry on a dropped connection (a restarted server, an idle
             # link cut by a proxy) and none on timeouts; see docs/backends/redis.md.
@@ -321,24 +348,20 @@ class RedisLeaseProvider(BackendProvider):
             prefix=values["prefix"],
             timeout_s=timeout_s,
             counter_ttl_ms=values["counter_ttl_ms"],
+            autopipeline=values["autopipeline"],
             close_client=True,
         )
-        provider._slots = asyncio.Semaphore(max_connections)
+        provider._slots = provider._pipeline.slots = asyncio.Semaphore(max_connections)
         return provider
 
     # -- one round trip: the toolkit bounds it and maps its errors ------------------------
 
-    async def _evalsha(self, call: _replies.ScriptCall) -> Any:
-        client = self._client
-        try:
-            return await client.execute_command(*call.evalsha())
-        except NoScriptError:
-            # The server's script cache was flushed, or this is its first call here:
-            # EVAL runs the script and caches it again, so EVALSHA works next time.
-            return await client.execute_command(*call.eval())
-
     def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
-        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built."""
+        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built.
+
+        For what is not a lease operation (the PING, ``inspect``); those go through
+        ``self._submit``, which writes operations started together as one pipeline.
+        """
         if self._slots is None:
             return send(*args, **kwargs)
         return self._in_turn(self._slots, send, *args, **kwargs)
@@ -378,10 +401,11 @@ class RedisLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
+        self._refuse_if_closed()  # before anything joins a batch
         call = _replies.acquire_request(
             self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        reply = await self._call(self._send(self._evalsha, call), key)
+        reply = await self._call(self._submit(call.evalsha(), call, key), key)
         try:
             return _replies.read_acquire(reply, owner)
         except _replies.GarbledReply as exc:
@@ -389,8 +413,9 @@ class RedisLeaseProvider(BackendProvider):
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
+        self._refuse_if_closed()
         command = _replies.owner_request(self._prefix, key)
-        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        reply = await self._call(self._submit(command, None, key), key)
         try:
             return _replies.read_owner(reply)
         except _replies.GarbledReply as exc:
@@ -399,28 +424,26 @@ class RedisLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        await self._call(
-            self._send(
-                self._evalsha,
-                _replies.release_request(self._prefix, key, owner, publish=self._publish),
-            ),
-            key,
-        )
+        self._refuse_if_closed()
+        call = _replies.release_request(self._prefix, key, owner, publish=self._publish)
+        await self._call(self._submit(call.evalsha(), call, key), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
+        self._refuse_if_closed()
         call = _replies.renew_request(
             self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms
         )
-        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
+        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
+        self._refuse_if_closed()
         call = _replies.transfer_request(
             self._prefix,
             key,
@@ -430,7 +453,7 @@ class RedisLeaseProvider(BackendProvider):
             counter_ttl_ms=self.counter_ttl_ms,
             publish=self._publish,
         )
-        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
+        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
 
     # -- waiting without polling -----------------------------------------------------------
 
@@ -449,8 +472,9 @@ class RedisLeaseProvider(BackendProvider):
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
         validate_key(key)
+        self._refuse_if_closed()
         command = _replies.remaining_request(self._prefix, key)
-        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        reply = await self._call(self._submit(command, None, key), key)
         return _replies.read_remaining(reply)
 
     # -- beyond the contract ------------------------------------------------------------

@@ -27,7 +27,7 @@ __all__ = ["BENCH"]
 # sizes leasekit's blocking pool) read them differently, failing at once when a
 # non-blocking pool is full; the floor and the peers keep their drivers' defaults.
 _LEASEKIT_OPTIONS = frozenset(
-    {"prefix", "timeout_s", "counter_ttl_ms", "cluster", "max_connections"}
+    {"prefix", "timeout_s", "counter_ttl_ms", "cluster", "max_connections", "autopipeline"}
 )
 
 # KEYS: the lock. ARGV: the owner. Deletes the key only while ARGV[1] holds it, so a
