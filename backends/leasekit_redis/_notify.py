@@ -108,24 +108,8 @@ class RedisReleaseListener:
                     message = await pubsub.get_sharded_message(timeout=0.5)
                 else:
                     message = await pubsub.get_message(timeout=None)
-                if message is None:
-                    continue
-                kind = message.get("type")
-                channel = message.get("channel")
-                if isinstance(channel, str):
-                    channel = channel.encode()
-                if kind in ("subscribe", "ssubscribe"):
-                    confirmed = self._confirmed.pop(channel, None)
-                    if confirmed is not None and not confirmed.done():
-                        confirmed.set_result(None)
-                    elif channel in self._channels:
-                        # redis-py reconnected and subscribed again: messages published
-                        # in between were lost, so this key's waiters look again.
-                        self.hub.notify(self._channels[channel])
-                elif kind in ("message", "smessage"):
-                    key = self._channels.get(channel)
-                    if key is not None:
-                        self.hub.notify(key)
+                if message is not None:
+                    self._received(message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (the channel is lost: wake everyone, start over)
@@ -133,6 +117,24 @@ class RedisReleaseListener:
                 "release notifications lost (%s: %s); waiters fall back", type(exc).__name__, exc
             )
             self._lost()
+
+    def _received(self, message: Any) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, str):
+            channel = channel.encode()
+        if kind in ("subscribe", "ssubscribe"):
+            confirmed = self._confirmed.pop(channel, None)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
+            elif channel in self._channels:
+                # redis-py reconnected and subscribed again: messages published
+                # in between were lost, so this key's waiters look again.
+                self.hub.notify(self._channels[channel])
+        elif kind in ("message", "smessage"):
+            key = self._channels.get(channel)
+            if key is not None:
+                self.hub.notify(key)
 
     def _lost(self) -> None:
         """The subscriber connection failed: forget it; every waiter looks again."""
