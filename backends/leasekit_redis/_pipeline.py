@@ -95,7 +95,8 @@ class AutoPipeline:
         """What to await for ``command``'s reply (``script`` when it is an ``EVALSHA``).
 
         Never raises by itself: errors arrive through the awaitable, raw from redis-py
-        (the provider maps them for its caller). The caller must not be closed.
+        (the provider maps them for its caller). The provider refuses calls once closed
+        before submitting them, so nothing joins a batch after ``aclose`` began.
         """
         batch = self._batch
         if batch is None:
