@@ -926,6 +926,34 @@ async def test_each_caller_in_a_pipeline_gets_its_own_reply(
     assert owners == [f"x{i}" for i in range(n)] + [f"y{i}" for i in range(n)] + [None] * n
 
 
+async def test_a_batch_waiting_for_a_connection_takes_in_what_is_started_meanwhile(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    url = f"{private_redis_server.url}?max_connections=1"
+    async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+        slots = provider._slots
+        assert slots is not None
+        await slots.acquire()  # the only connection is busy, as if with another command
+        try:
+            first = [
+                asyncio.ensure_future(provider.acquire_lease(f"a{i}", "o", LONG_MS))
+                for i in range(10)
+            ]
+            for _ in range(3):
+                await asyncio.sleep(0)  # the batch is open, waiting for the connection
+            later = [
+                asyncio.ensure_future(provider.acquire_lease(f"b{i}", "o", LONG_MS))
+                for i in range(10)
+            ]
+            await asyncio.sleep(0)
+            pipelines = pipelines_written(provider)
+        finally:
+            slots.release()
+        results = await asyncio.gather(*first, *later)
+        assert all(r.acquired for r in results)
+        assert pipelines_written(provider) == pipelines + 1  # all 20 in one pipeline
+
+
 async def test_a_failing_script_in_a_pipeline_fails_only_its_caller(
     provider: RedisLeaseProvider,
 ) -> None:
