@@ -159,7 +159,9 @@ async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
     kwargs = provider.client.connection_pool.connection_kwargs
     assert kwargs["db"] == 3
     assert kwargs["client_name"] == "worker"
-    assert kwargs["socket_timeout"] == 1.5
+    # No socket timeout of redis-py's own: the provider's deadline bounds every call.
+    assert kwargs["socket_timeout"] is None
+    assert kwargs["socket_connect_timeout"] == 1.5
     await provider.aclose()
 
 
@@ -194,6 +196,7 @@ async def test_rediss_url_builds_a_tls_client() -> None:
         ("redis://h?timeout_s=0", {}, "timeout_s"),
         ("redis://h", {"timeout_s": True}, "timeout_s"),
         ("redis://h?counter_ttl_ms=0", {}, "counter_ttl_ms"),
+        ("redis://h?autopipeline=maybe", {}, "autopipeline"),
         ("redis://h", {"counter_ttl_ms": 1.5}, "counter_ttl_ms"),
         ("redis://h?prefix=%7Bapp%7D", {}, "prefix"),
         ("redis://h", {"prefix": "a}b"}, "prefix"),
@@ -802,6 +805,352 @@ async def test_every_operation_is_one_round_trip(
     assert changed["evalsha"] == scripted
     assert "eval" not in changed
     assert "script|load" not in changed
+
+
+# -- auto-pipelining: operations started together are written together ------------------------
+
+
+def counting_client(server: RedisServer, writes: list[int]) -> redis.asyncio.Redis:
+    """A caller's client that records, per write to a socket, how many lease commands it held.
+
+    Writes without ``EVALSHA``, ``EVAL`` or ``GET`` (a connection's own handshake) are not
+    recorded.
+    """
+
+    class CountingConnection(redis.asyncio.Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            data = command if isinstance(command, bytes) else b"".join(command)
+            sent = sum(data.count(name) for name in (b"\r\nEVALSHA\r\n", b"\r\nEVAL\r\n"))
+            sent += data.count(b"\r\nGET\r\n")
+            if sent:
+                writes.append(sent)
+            await super().send_packed_command(command, check_health)
+
+    pool = redis.asyncio.ConnectionPool(
+        connection_class=CountingConnection, host=server.host, port=server.port
+    )
+    return redis.asyncio.Redis.from_pool(pool)  # closing the client closes its pool
+
+
+def pipelines_written(provider: RedisLeaseProvider) -> int:
+    """Pipelines (two commands or more) the provider has written so far."""
+    return provider._pipeline.batches
+
+
+async def test_operations_started_together_go_out_in_one_pipeline(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    writes: list[int] = []
+    client = counting_client(private_redis_server, writes)
+    async with RedisLeaseProvider(client, prefix=redis_prefix) as provider:
+        assert provider.autopipeline
+        for i in range(0, 64, 4):  # a quarter held by someone else
+            await provider.acquire_lease(f"k{i}", f"holder{i}", LONG_MS)
+        writes.clear()
+        before = command_calls(private_redis_server)
+        pipelines = pipelines_written(provider)
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", f"o{i}", LONG_MS) for i in range(64))
+        )
+        changed = delta(command_calls(private_redis_server), before)
+        # The first went out at once (nothing else was in flight), the other 63 together.
+        assert writes == [1, 63]
+        assert pipelines_written(provider) == pipelines + 1
+        assert changed["evalsha"] == 64
+        for i, result in enumerate(results):
+            if i % 4 == 0:
+                assert result == leasekit.LeaseResult(False, f"holder{i}", None)
+            else:
+                assert result.acquired
+                assert result.owner == f"o{i}"
+        tokens = [r.token for r in results if r.acquired]
+        assert len(set(tokens)) == len(tokens)
+        # The server agrees: each key is held by the caller that was told so.
+        owners = await asyncio.gather(*(provider.get_lease_owner(f"k{i}") for i in range(64)))
+        assert owners == [f"holder{i}" if i % 4 == 0 else f"o{i}" for i in range(64)]
+    await client.aclose()
+
+
+async def test_each_caller_in_a_pipeline_gets_its_own_reply(
+    provider: RedisLeaseProvider,
+) -> None:
+    n = 16
+    await asyncio.gather(
+        *(
+            provider.acquire_lease(f"{kind}{i}", f"x{i}", LONG_MS)
+            for kind in ("held", "moved", "gone")
+            for i in range(n)
+        )
+    )
+    pipelines = pipelines_written(provider)
+    expected: list[Any] = []
+    calls: list[Any] = []
+    for i in range(n):
+        calls += [
+            provider.acquire_lease(f"free{i}", f"o{i}", LONG_MS),
+            provider.acquire_lease(f"held{i}", f"o{i}", LONG_MS),
+            provider.get_lease_owner(f"held{i}"),
+            provider.renew_lease(f"held{i}", f"x{i}", LONG_MS),
+            provider.renew_lease(f"held{i}", f"o{i}", LONG_MS),
+            provider.transfer_lease(f"moved{i}", f"x{i}", f"y{i}", LONG_MS),
+            provider.transfer_lease(f"held{i}", f"o{i}", f"y{i}", LONG_MS),
+            provider.release_lease(f"gone{i}", f"x{i}"),
+            provider.release_lease(f"held{i}", f"o{i}"),
+        ]
+        expected += [
+            (True, f"o{i}"),
+            leasekit.LeaseResult(False, f"x{i}", None),
+            f"x{i}",
+            True,
+            False,
+            True,
+            False,
+            None,
+            None,
+        ]
+    results = await asyncio.gather(*calls)
+    assert pipelines_written(provider) > pipelines
+    for result, want in zip(results, expected, strict=True):
+        if isinstance(want, tuple):
+            assert isinstance(result, leasekit.LeaseResult)
+            assert (result.acquired, result.owner) == want
+        else:
+            assert result == want
+    owners = await asyncio.gather(
+        *(
+            provider.get_lease_owner(f"{kind}{i}")
+            for kind in ("held", "moved", "gone")
+            for i in range(n)
+        )
+    )
+    assert owners == [f"x{i}" for i in range(n)] + [f"y{i}" for i in range(n)] + [None] * n
+
+
+async def test_a_batch_waiting_for_a_connection_takes_in_what_is_started_meanwhile(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    url = f"{private_redis_server.url}?max_connections=1"
+    async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+        slots = provider._slots
+        assert slots is not None
+        await slots.acquire()  # the only connection is busy, as if with another command
+        try:
+            first = [
+                asyncio.ensure_future(provider.acquire_lease(f"a{i}", "o", LONG_MS))
+                for i in range(10)
+            ]
+            for _ in range(3):
+                await asyncio.sleep(0)  # the batch is open, waiting for the connection
+            later = [
+                asyncio.ensure_future(provider.acquire_lease(f"b{i}", "o", LONG_MS))
+                for i in range(10)
+            ]
+            await asyncio.sleep(0)
+            pipelines = pipelines_written(provider)
+        finally:
+            slots.release()
+        results = await asyncio.gather(*first, *later)
+        assert all(r.acquired for r in results)
+        assert pipelines_written(provider) == pipelines + 1  # all 20 in one pipeline
+
+
+async def test_a_failing_script_in_a_pipeline_fails_only_its_caller(
+    provider: RedisLeaseProvider,
+) -> None:
+    await provider.client.hset(provider.prefix.encode() + b"{hash}", "f", "v")
+    keys = [f"k{i}" for i in range(10)]
+    keys[5] = "hash"  # not a lease: the script's GET fails on it
+    pipelines = pipelines_written(provider)
+    results = await asyncio.gather(
+        *(provider.acquire_lease(key, "a", LONG_MS) for key in keys), return_exceptions=True
+    )
+    assert pipelines_written(provider) == pipelines + 1
+    for key, result in zip(keys, results, strict=True):
+        if key == "hash":
+            assert isinstance(result, leasekit.LeaseBackendError)
+            assert result.key == "hash"
+            assert isinstance(result.__cause__, redis.exceptions.ResponseError)
+        else:
+            assert isinstance(result, leasekit.LeaseResult)
+            assert result.acquired
+
+
+async def test_a_cancelled_caller_leaves_the_others_in_its_pipeline_alone(
+    provider: RedisLeaseProvider,
+) -> None:
+    tasks = [
+        asyncio.ensure_future(provider.acquire_lease(f"k{i}", "a", LONG_MS)) for i in range(10)
+    ]
+    await asyncio.sleep(0)  # every call started: the first sent, the others in one batch
+    tasks[5].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[5], asyncio.CancelledError)
+    assert all(
+        isinstance(r, leasekit.LeaseResult) and r.acquired for r in results[:5] + results[6:]
+    )
+    # The batch had not been written yet: the cancelled caller's write was never sent.
+    assert await provider.get_lease_owner("k5") is None
+
+
+async def test_a_flushed_script_cache_is_invisible_to_a_pipeline(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(private_redis_server.url, prefix=redis_prefix) as p:
+        await exercise_every_operation(p, "before")
+        private_redis_server.command("SCRIPT", "FLUSH")
+        before = command_calls(private_redis_server)
+        pipelines = pipelines_written(p)
+        # A GET goes out first, alone; the 20 scripts follow together, all unknown.
+        owner, *results = await asyncio.gather(
+            p.get_lease_owner("k0"),
+            *(p.acquire_lease(f"k{i}", f"o{i}", LONG_MS) for i in range(20)),
+        )
+        changed = delta(command_calls(private_redis_server), before)
+        assert owner is None
+        assert [(r.acquired, r.owner) for r in results] == [(True, f"o{i}") for i in range(20)]
+        # One pipeline of EVALSHA, answered NOSCRIPT, then one of EVAL.
+        assert pipelines_written(p) == pipelines + 2
+        assert changed["eval"] == 20
+        await exercise_every_operation(p, "after")
+
+
+@pytest.mark.parametrize("client_kind", ["built", "callers"])
+async def test_a_paused_server_gives_every_caller_in_a_pipeline_a_timeout(
+    private_redis_server: RedisServer, redis_prefix: str, client_kind: str
+) -> None:
+    timeout_s = 0.5
+    client = None
+    if client_kind == "built":
+        provider = RedisLeaseProvider.from_url(
+            private_redis_server.url, prefix=redis_prefix, timeout_s=timeout_s
+        )
+    else:
+        # redis-py's defaults: no socket timeout, so only the provider's bound helps.
+        client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
+        provider = RedisLeaseProvider(client, prefix=redis_prefix, timeout_s=timeout_s)
+    async with provider:
+        await asyncio.gather(*(exercise_every_operation(provider, f"warm{i}") for i in range(4)))
+        pipelines = pipelines_written(provider)
+        private_redis_server.pause()
+        try:
+            results = await asyncio.gather(
+                *(provider.acquire_lease(f"k{i}", "a", LONG_MS) for i in range(20)),
+                return_exceptions=True,
+            )
+        finally:
+            private_redis_server.resume()
+        assert pipelines_written(provider) == pipelines + 1
+        for i, result in enumerate(results):
+            assert isinstance(result, leasekit.LeaseBackendTimeout), result
+            assert result.key == f"k{i}"
+        await exercise_every_operation(provider, "after-pause")
+    if client is not None:
+        await client.aclose()
+
+
+async def test_a_dead_server_fails_every_caller_in_a_pipeline_as_unreachable(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    async with RedisLeaseProvider.from_url(
+        private_redis_server.url, prefix=redis_prefix, timeout_s=2
+    ) as provider:
+        await exercise_every_operation(provider, "k")
+        private_redis_server.kill()
+        pipelines = pipelines_written(provider)
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", "a", LONG_MS) for i in range(10)),
+            return_exceptions=True,
+        )
+        assert pipelines_written(provider) == pipelines + 1
+        for i, result in enumerate(results):
+            assert isinstance(result, leasekit.LeaseBackendUnreachable), result
+            assert result.key == f"k{i}"
+            assert isinstance(result.__cause__, redis.exceptions.ConnectionError)
+        private_redis_server.restart()
+        await exercise_every_operation(provider, "k")
+
+
+async def test_aclose_with_a_pipeline_in_flight_settles_every_caller(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    before = client_connections(private_redis_server)
+    provider = RedisLeaseProvider.from_url(
+        private_redis_server.url, prefix=redis_prefix, timeout_s=0.5
+    )
+    await provider.__aenter__()
+    private_redis_server.pause()
+    try:
+        calls = [
+            asyncio.ensure_future(provider.acquire_lease(f"k{i}", "a", LONG_MS)) for i in range(20)
+        ]
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first call sent, then the batch of the others
+        await provider.aclose()
+        later = await asyncio.gather(
+            provider.acquire_lease("late", "a", LONG_MS), return_exceptions=True
+        )
+    finally:
+        private_redis_server.resume()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert pipelines_written(provider) == 1
+    for result in results:
+        # Each finished with its own timeout, never a CancelledError.
+        assert isinstance(result, leasekit.LeaseBackendTimeout), result
+    assert isinstance(later[0], leasekit.LeaseProviderClosed)
+    await eventually(
+        lambda: client_connections(private_redis_server) == before, "the connections to close"
+    )
+
+
+async def test_autopipeline_false_sends_every_operation_alone(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    writes: list[int] = []
+    client = counting_client(private_redis_server, writes)
+    async with RedisLeaseProvider(client, prefix=redis_prefix, autopipeline=False) as provider:
+        assert not provider.autopipeline
+        await exercise_every_operation(provider, "warm-up")  # caches the scripts
+        writes.clear()
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", "a", LONG_MS) for i in range(20))
+        )
+        assert all(r.acquired for r in results)
+        assert writes == [1] * 20
+        assert pipelines_written(provider) == 0
+    await client.aclose()
+
+
+async def test_autopipeline_is_an_option_like_the_others() -> None:
+    provider = leasekit.connect("redis://127.0.0.1:1/0")
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.autopipeline
+    await provider.aclose()
+    provider = leasekit.connect("redis://127.0.0.1:1/0?autopipeline=off")
+    assert isinstance(provider, RedisLeaseProvider)
+    assert not provider.autopipeline
+    await provider.aclose()
+    provider = leasekit.connect("redis://127.0.0.1:1/0?autopipeline=false", autopipeline=True)
+    assert isinstance(provider, RedisLeaseProvider)
+    assert provider.autopipeline  # keywords win
+    await provider.aclose()
+
+
+async def test_a_pipeline_on_a_cluster_goes_to_each_keys_node(
+    redis_cluster: RedisClusterServer, redis_prefix: str
+) -> None:
+    url = f"{redis_cluster.url}?cluster=true"
+    async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
+        pipelines = pipelines_written(provider)
+        results = await asyncio.gather(
+            *(provider.acquire_lease(f"k{i}", f"o{i}", LONG_MS) for i in range(64))
+        )
+        assert pipelines_written(provider) > pipelines
+        assert [(r.acquired, r.owner) for r in results] == [(True, f"o{i}") for i in range(64)]
+        owners = await asyncio.gather(*(provider.get_lease_owner(f"k{i}") for i in range(64)))
+        assert owners == [f"o{i}" for i in range(64)]
+    per_node = [len(names_on(node, redis_prefix + "*")) for node in redis_cluster.nodes]
+    assert sum(per_node) == 2 * 64  # a lease and a counter per key
+    assert all(count > 0 for count in per_node), per_node
 
 
 # -- faults -------------------------------------------------------------------------------------

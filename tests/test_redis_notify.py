@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from anyio import fail_after as anyio_fail_after
-from servers import missing_extra
+from servers import RedisClusterServer, missing_extra
 
 try:
     import redis.asyncio
@@ -132,3 +132,29 @@ async def test_a_waiter_who_comes_back_as_the_last_one_left_is_still_subscribed(
                 again.close()
     finally:
         await listener.aclose()
+
+
+async def test_a_cluster_listener_with_nothing_left_to_watch_lets_the_loop_run(
+    redis_cluster: RedisClusterServer,
+) -> None:
+    # Once the last channel is unsubscribed, redis-py's cluster pub/sub has no node left
+    # to read and answers at once: a reader that kept asking starved the event loop,
+    # and this test (like an aclose after the last wait) never got control back.
+    client = redis.asyncio.RedisCluster.from_url(redis_cluster.url)
+    await client.initialize()
+    listener = RedisReleaseListener(client, sharded=True, timeout_s=5)
+    try:
+        for _ in range(2):  # and a later watch starts reading again
+            watch = await listener.watch("k", b"lease:{k}")
+            assert await client.spublish(channel_name(b"lease:{k}"), b"") == 1
+            assert await watch.wait(BOUND_S)
+            watch.close()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                reader = listener._reader
+                if reader is None or reader.done():
+                    break
+            assert reader is None or reader.done()
+    finally:
+        await listener.aclose()
+        await client.aclose()

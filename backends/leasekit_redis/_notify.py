@@ -122,6 +122,11 @@ class RedisReleaseListener:
         try:
             while not self._closed:
                 if self._sharded:
+                    if not self._channels:
+                        # Nothing subscribed: redis-py's cluster pub/sub drops its node
+                        # connections, and its read then returns at once, so this loop
+                        # would spin without ever yielding. The next watch starts a reader.
+                        return
                     # redis-py's cluster pub/sub reads each node in turn: wait a little
                     # on each rather than forever on one.
                     message = await pubsub.get_sharded_message(timeout=0.5)

@@ -93,7 +93,9 @@ _DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "ti
     "ssl_ciphers",
     "ssl_password",
 }
-_OPTIONS = (PREFIX, TIMEOUT, COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS)
+# Operations started in one event-loop iteration share one pipeline (see _pipeline).
+AUTOPIPELINE = Option("autopipeline", bool, True)
+_OPTIONS = (PREFIX, TIMEOUT, COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS, AUTOPIPELINE)
 # TLS settings only make sense, and only pass through, with rediss://.
 _OPTION_SETS = {
     "redis": OptionSet(
@@ -152,6 +154,8 @@ class RedisSettings:
     max_connections: int
     redacted: str
     """The URL as messages show it: no password."""
+    autopipeline: bool = True
+    """Whether the async provider writes operations started together as one pipeline."""
 
 
 def parse(url: str, options: dict[str, Any]) -> RedisSettings:
@@ -196,6 +200,7 @@ def parse(url: str, options: dict[str, Any]) -> RedisSettings:
         cluster,
         values["max_connections"],
         parsed.redacted,
+        values["autopipeline"],
     )
 
 

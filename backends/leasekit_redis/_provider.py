@@ -6,7 +6,9 @@ how to read the answer are pure functions (``_replies``); this module only drive
 over redis-py's asyncio client, on the lifecycle, deadlines and error mapping of
 :class:`leasekit.backend.BackendProvider`. Expiry is Redis's own ``PX`` TTL on the
 server clock. Works on a single server, behind Sentinel-managed clients, and on Redis
-Cluster: the names a script touches share one hash tag (``_keys``).
+Cluster: the names a script touches share one hash tag (``_keys``). Operations that
+many tasks start together are written together, one pipeline per event-loop iteration
+(``_pipeline``); one alone goes out at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import redis.asyncio
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.exceptions import (
-    NoScriptError,
     RedisClusterException,
     RedisError,
 )
@@ -44,6 +45,7 @@ from leasekit.backend import (
 
 from . import _keys, _ops, _options, _replies
 from ._notify import RedisReleaseListener
+from ._pipeline import AutoPipeline
 
 if TYPE_CHECKING:
     from ._sync import RedisSyncLeaseProvider
@@ -78,6 +80,11 @@ class RedisLeaseProvider(BackendProvider):
       way, because a new token is also at least the server's clock in microseconds;
       the counter guards against that clock stepping back, for that long. A counter
       costs about 150-200 bytes of Redis memory per distinct key.
+    - ``autopipeline`` (default True): operations that several tasks start in the same
+      event-loop iteration go out together, in one non-transactional pipeline (each
+      script still atomic, each caller with its own reply, error and deadline); an
+      operation started while nothing else is in flight goes out at once. False
+      sends every operation on its own.
 
     No persistence is assumed (``persistent=False``): what survives a Redis restart
     depends on the server's RDB/AOF configuration, and a failover may lose the last
@@ -105,6 +112,7 @@ class RedisLeaseProvider(BackendProvider):
         prefix: str = _options.PREFIX.default,
         timeout_s: float = _options.TIMEOUT.default,
         counter_ttl_ms: int | None = _options.COUNTER_TTL.default,
+        autopipeline: bool = _options.AUTOPIPELINE.default,
         close_client: bool = False,
     ) -> None:
         if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
@@ -128,6 +136,14 @@ class RedisLeaseProvider(BackendProvider):
         # connection take it straight back, so under load a waiter can starve past
         # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
         self._slots: asyncio.Semaphore | None = None
+        self._pipeline = AutoPipeline(
+            client,
+            enabled=_options.AUTOPIPELINE.validate(autopipeline),
+            deadlines=self._deadlines,
+            spawn=self._spawn,
+            timeout=self._timeout,
+        )
+        self._submit = self._pipeline.submit
         # Release notifications: the scripts publish on the lease's channel, sharded on a
         # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
         cluster = isinstance(client, redis.asyncio.RedisCluster)
@@ -141,6 +157,11 @@ class RedisLeaseProvider(BackendProvider):
         self._listener = self._release_listener = RedisReleaseListener(
             client, sharded=cluster, timeout_s=self.timeout_s
         )
+
+    @property
+    def autopipeline(self) -> bool:
+        """Whether operations started together are written together (see the class doc)."""
+        return self._pipeline.enabled
 
     @property
     def client(self) -> RedisClient:
@@ -165,7 +186,9 @@ class RedisLeaseProvider(BackendProvider):
         settings = _options.parse(url, options)
         driver_url, cluster = settings.driver_url, settings.cluster
         timeout_s, max_connections = settings.timeout_s, settings.max_connections
-        connection = _options.connection_settings(timeout_s, Retry)
+        # No socket timeout (unless the URL sets one): the provider's own deadline bounds
+        # every operation, and redis-py's would cost a task per write and a timer per read.
+        connection = {**_options.connection_settings(timeout_s, Retry), "socket_timeout": None}
         client: RedisClient
         try:
             if cluster:
@@ -188,9 +211,10 @@ class RedisLeaseProvider(BackendProvider):
             prefix=settings.prefix,
             timeout_s=timeout_s,
             counter_ttl_ms=settings.counter_ttl_ms,
+            autopipeline=settings.autopipeline,
             close_client=True,
         )
-        provider._slots = asyncio.Semaphore(max_connections)
+        provider._slots = provider._pipeline.slots = asyncio.Semaphore(max_connections)
         return provider
 
     @classmethod
@@ -206,17 +230,12 @@ class RedisLeaseProvider(BackendProvider):
 
     # -- one round trip: the toolkit bounds it and maps its errors ------------------------
 
-    async def _evalsha(self, call: _replies.ScriptCall) -> Any:
-        client = self._client
-        try:
-            return await client.execute_command(*call.evalsha())
-        except NoScriptError:
-            # The server's script cache was flushed, or this is its first call here:
-            # EVAL runs the script and caches it again, so EVALSHA works next time.
-            return await client.execute_command(*call.eval())
-
     def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
-        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built."""
+        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built.
+
+        For what is not a lease operation (the PING, ``inspect``); those go through
+        ``self._submit``, which writes operations started together as one pipeline.
+        """
         if self._slots is None:
             return send(*args, **kwargs)
         return self._in_turn(self._slots, send, *args, **kwargs)
@@ -249,7 +268,8 @@ class RedisLeaseProvider(BackendProvider):
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         call = _ops.acquire(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
-        reply = await self._call(self._send(self._evalsha, call), key)
+        self._refuse_if_closed()  # before anything joins a batch
+        reply = await self._call(self._submit(call.evalsha(), call, key), key)
         try:
             return _replies.read_acquire(reply, owner)
         except _replies.GarbledReply as exc:
@@ -257,7 +277,8 @@ class RedisLeaseProvider(BackendProvider):
 
     async def get_lease_owner(self, key: str) -> str | None:
         command = _ops.owner(self._prefix, key)
-        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        self._refuse_if_closed()
+        reply = await self._call(self._submit(command, None, key), key)
         try:
             return _replies.read_owner(reply)
         except _replies.GarbledReply as exc:
@@ -265,11 +286,13 @@ class RedisLeaseProvider(BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         call = _ops.release(self._prefix, key, owner, publish=self._publish)
-        await self._call(self._send(self._evalsha, call), key)
+        self._refuse_if_closed()
+        await self._call(self._submit(call.evalsha(), call, key), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         call = _ops.renew(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
-        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
+        self._refuse_if_closed()
+        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         call = _ops.transfer(
@@ -281,7 +304,8 @@ class RedisLeaseProvider(BackendProvider):
             counter_ttl_ms=self.counter_ttl_ms,
             publish=self._publish,
         )
-        return _replies.read_flag(await self._call(self._send(self._evalsha, call), key))
+        self._refuse_if_closed()
+        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
 
     # -- waiting without polling -----------------------------------------------------------
 
@@ -300,8 +324,9 @@ class RedisLeaseProvider(BackendProvider):
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
         validate_key(key)
+        self._refuse_if_closed()
         command = _replies.remaining_request(self._prefix, key)
-        reply = await self._call(self._send(self._client.execute_command, *command), key)
+        reply = await self._call(self._submit(command, None, key), key)
         return _replies.read_remaining(reply)
 
     # -- beyond the contract ------------------------------------------------------------
