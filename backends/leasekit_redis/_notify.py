@@ -145,9 +145,8 @@ class RedisReleaseListener:
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        channel = message.get("channel")
-        if isinstance(channel, str):
-            channel = channel.encode()
+        named = message.get("channel")
+        channel: bytes = named.encode() if isinstance(named, str) else bytes(named or b"")
         if kind in ("subscribe", "ssubscribe"):
             confirmed = self._confirmed.pop(channel, None)
             if confirmed is not None and not confirmed.done():
