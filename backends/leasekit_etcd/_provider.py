@@ -180,9 +180,8 @@ class EtcdLeaseProvider(BackendProvider):
         shared_across_processes=True,
         shared_across_hosts=True,
         persistent=True,
-        # Off until the watch streams are proven not to outlive their event loop (see
-        # docs/waiting.md): waiters poll. watch_release() works when called directly.
-        release_notifications=False,
+        # A delete watch on the key's records, all on one watch stream (_notify).
+        release_notifications=True,
     )
 
     def __init__(
