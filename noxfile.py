@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -30,7 +32,11 @@ def tests(session: nox.Session) -> None:
     """The test suite: core units, the conformance suite on every available backend."""
     # hatchling builds the example third-party backend offline, as a user's pip would.
     session.install("hatchling")
-    install_and_run(session, TEST_EXTRAS, "pytest", *session.posargs)
+    # Two pytest-xdist workers (one per core here): most of the suite waits on servers
+    # and TTLs, not the CPU. Each worker starts its own servers. `-- -n 0` runs it in
+    # one process; LEASEKIT_TEST_WORKERS sets the count.
+    workers = os.environ.get("LEASEKIT_TEST_WORKERS", "auto")
+    install_and_run(session, TEST_EXTRAS, "pytest", "-n", workers, *session.posargs)
 
 
 @nox.session(python=PYTHON)

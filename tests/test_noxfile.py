@@ -63,14 +63,15 @@ def sessions(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[Any], None]
 
 
 def test_posargs_reach_pytest_and_nothing_else(
-    sessions: dict[str, Callable[[Any], None]],
+    sessions: dict[str, Callable[[Any], None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("LEASEKIT_TEST_WORKERS", raising=False)
     ran: dict[str, list[tuple[str, ...]]] = {}
     for name in ("lint", "types", "tests", "docs"):
         session = RecordingSession(ARGS)
         sessions[name](session)
         ran[name] = session.runs
-    assert ran["tests"] == [("pytest", *ARGS)]
+    assert ran["tests"] == [("pytest", "-n", "auto", *ARGS)]
     for name in ("lint", "types", "docs"):
         for command in ran[name]:
             assert not set(ARGS) & set(command), f"nox -s {name} passed posargs to {command}"
