@@ -29,6 +29,7 @@ from ._errors import (
     LeaseLost,
     LeaseProviderClosed,
 )
+from ._renewals import batcher_for
 from ._watch import KeyWaiter
 
 __all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
@@ -42,6 +43,9 @@ OnLost = Literal["cancel", "flag"]
 _log = logging.getLogger("leasekit")
 
 _DEFAULT_POLL_S = 0.05
+# The most a batched renewal is sent ahead of its schedule (a twentieth of the
+# interval below 5 s): the window in which due renewals of many holds coalesce.
+_MAX_LEAD_S = 0.25
 _DEFAULT_MAX_POLL_S = 1.0
 
 
@@ -259,6 +263,11 @@ class LeaseHold:
             _hooks.unwrap(provider),
             _hooks.backend_name(provider),
         )
+        # Renewals go out in batches with other holds' on a backend that can renew many
+        # leases at once; each is then submitted up to this lead *before* it is due, so
+        # that renewals falling due close together share a call (see _renewals).
+        self._batched = callable(getattr(self._ops.wrapped, "renew_leases", None))
+        self._lead_s = min(renew_every_ms / 20_000, _MAX_LEAD_S) if self._batched else 0.0
         self.token: int | None = None
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
@@ -454,6 +463,15 @@ class LeaseHold:
     def _stopped(self) -> bool:
         return not self._renewing or self.lost.is_set()
 
+    async def _renew_once(self, due: float) -> tuple[bool, float]:
+        """One renewal, sent by ``due`` at the latest: (renewed, when it was sent)."""
+        batcher = batcher_for(self._ops.wrapped, self._clock) if self._batched else None
+        if batcher is None:
+            start = self._clock.monotonic()
+            return await self._ops.renew_lease(self.key, self.owner, self.ttl_ms), start
+        # In a batch with other holds' renewals; `start` is when the batch went out.
+        return await batcher.renew(self.key, self.owner, self.ttl_ms, self.backend, due)
+
     async def _renew_until_lost(self) -> None:
         """Renew every ``renew_every_ms``; retry failures while the deadline allows.
 
@@ -464,8 +482,10 @@ class LeaseHold:
         """
         clock = self._clock
         interval_s = self.renew_every_ms / 1000
+        lead_s = self._lead_s
         while True:
-            await clock.sleep(self._renewed_at + interval_s - clock.monotonic())
+            due = self._renewed_at + interval_s
+            await clock.sleep(due - lead_s - clock.monotonic())
             if self._stopped():
                 return
             backoff_s = interval_s / 8
@@ -473,9 +493,8 @@ class LeaseHold:
             last_chance = False
             while True:
                 attempt += 1
-                start = clock.monotonic()
                 try:
-                    renewed = await self._ops.renew_lease(self.key, self.owner, self.ttl_ms)
+                    renewed, start = await self._renew_once(due)
                 except Exception as exc:  # noqa: BLE001 (any failure is retried until the deadline)
                     if self._stopped():
                         return
@@ -504,7 +523,8 @@ class LeaseHold:
                         )
                     if give_up:
                         return  # the deadline timer declares the loss
-                    await clock.sleep(pause)
+                    due = clock.monotonic() + max(0.0, pause)
+                    await clock.sleep(pause - min(lead_s, pause / 2))
                     if self._stopped():
                         return
                     backoff_s = min(backoff_s * 2, interval_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -14,6 +14,7 @@ from ._capabilities import Capabilities
 from ._clock import Clock
 from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
 
 __all__ = ["MemoryLeaseProvider"]
@@ -225,6 +226,25 @@ class MemoryLeaseProvider:
                 return False
             store.extend(key, lease, ttl_ms, now)
             return True
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew each ``(key, owner, ttl_ms)`` as ``renew_lease`` would, under one lock hold.
+
+        ``leasekit.backend.SupportsRenewMany``: what hold() batches renewals into.
+        """
+        checked = check_renew_items(items)
+        store = self._check()
+        renewed: list[bool] = []
+        with store.lock:
+            now = store.clock_ns()
+            for key, owner, ttl_ms in checked:
+                lease = store.live(key, now)
+                if lease is None or lease.owner != owner:
+                    renewed.append(False)
+                else:
+                    store.extend(key, lease, ttl_ms, now)
+                    renewed.append(True)
+        return renewed
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)

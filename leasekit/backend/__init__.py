@@ -20,12 +20,16 @@ capabilities. Everything else is here, once:
 - :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
   :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
   when a key may have become free, instead of polling.
+- :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
+  one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
+  together (at most :data:`RENEW_BATCH_LIMIT` items per call).
 
 See the guide "Writing a backend" in the documentation.
 """
 
 from __future__ import annotations
 
+from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
 from ._notify import ReleaseHub, ReleaseWatch, SupportsReleaseNotifications, SupportsRemaining
@@ -51,6 +55,7 @@ from ._urls import (
 )
 
 __all__ = [
+    "RENEW_BATCH_LIMIT",
     "BackendProvider",
     "Deadlines",
     "Endpoint",
@@ -63,12 +68,15 @@ __all__ = [
     "ParsedURL",
     "ReleaseHub",
     "ReleaseWatch",
+    "RenewItem",
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
     "SupportsReleaseNotifications",
     "SupportsRemaining",
+    "SupportsRenewMany",
     "SupportsSweep",
+    "check_renew_items",
     "coerce_bool",
     "map_errors",
     "parse_url",

@@ -1,0 +1,87 @@
+"""Batched renewal: the optional interface, and the one check of its input.
+
+A process that holds many leases through :func:`leasekit.hold` renews each of them
+every ``renew_every_ms``. On a backend with :meth:`SupportsRenewMany.renew_leases`,
+``hold()`` gathers the renewals that fall due close together on one provider and
+sends them as one call (one script, statement or transaction), so 10,000 held leases
+cost a few round trips per renewal period instead of 10,000. A backend without it is
+renewed lease by lease, as before; nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeAlias
+
+from .._contract import validate_key, validate_owner, validate_ttl_ms
+from .._errors import InvalidLeaseArgument
+from ._records import _register_extra
+
+__all__ = ["RENEW_BATCH_LIMIT", "RenewItem", "SupportsRenewMany", "check_renew_items"]
+
+RenewItem: TypeAlias = tuple[str, str, int]
+"""One renewal in a batch: ``(key, owner, ttl_ms)``, the arguments of ``renew_lease``."""
+
+RENEW_BATCH_LIMIT = 512
+"""The most items :func:`leasekit.hold` puts in one :meth:`~SupportsRenewMany.renew_leases`
+call. A backend must accept any length (splitting it if the store needs that); this is
+what it will see from ``hold()``."""
+
+
+class SupportsRenewMany(Protocol):
+    """A backend that renews many leases in one round trip.
+
+    Detected structurally (``leasekit.backend.supports(provider, SupportsRenewMany)``):
+    a callable ``renew_leases`` is all it takes. The contract, which the conformance
+    suite's :class:`~leasekit_contract.BatchedRenewalChecks` enforces:
+
+    - One result per item, in order: exactly what ``renew_lease(key, owner, ttl_ms)``
+      would have answered for it. ``True``: ``owner`` held the live lease and its TTL
+      is now ``ttl_ms`` from the store's clock as the batch runs; ``False``: someone
+      else holds the key, or it is free or expired, and nothing changed.
+    - Each item is checked on its own: one refused item never stops the others.
+    - Owner-checked and decided on the store's clock, as ``renew_lease`` is, each item
+      atomically (the batch as a whole need not be one transaction, though it may be).
+    - Every item is validated before any I/O (:func:`check_renew_items`); a bad one
+      raises :class:`~leasekit.InvalidLeaseArgument` and nothing is renewed.
+    - An error (timeout, lost connection) raises for the whole call, as ``renew_lease``
+      would: the caller then knows nothing about any item, and :func:`leasekit.hold`
+      treats every one of them as a failed renewal (retried while time remains),
+      never as renewed.
+    - An empty batch returns ``[]`` without I/O. The same key may appear twice; each
+      occurrence is answered as if renewed in order.
+    """
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew each ``(key, owner, ttl_ms)``; one ``bool`` per item, as ``renew_lease``."""
+        ...
+
+
+def check_renew_items(items: object) -> list[RenewItem]:
+    """Validate a batch for :meth:`SupportsRenewMany.renew_leases`; return it as a list.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` naming the first bad item
+    (``items[3].owner``, say) before the backend does any I/O.
+    """
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise InvalidLeaseArgument.for_argument(
+            "items", f"must be a sequence of (key, owner, ttl_ms), got {type(items).__name__}"
+        )
+    checked: list[RenewItem] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise InvalidLeaseArgument.for_argument(
+                f"items[{index}]", f"must be a (key, owner, ttl_ms) tuple, got {item!r:.80}"
+            )
+        key, owner, ttl_ms = item
+        checked.append(
+            (
+                validate_key(key, f"items[{index}].key"),
+                validate_owner(owner, f"items[{index}].owner"),
+                validate_ttl_ms(ttl_ms, f"items[{index}].ttl_ms"),
+            )
+        )
+    return checked
+
+
+_register_extra(SupportsRenewMany, "renew_leases")
