@@ -25,7 +25,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
 
@@ -48,6 +48,8 @@ from leasekit.backend import (
     LeaseRecord,
     Option,
     OptionSet,
+    RenewItem,
+    check_renew_items,
     parse_url,
     timeout_option,
 )
@@ -418,6 +420,25 @@ class SQLiteLeaseProvider(BackendProvider):
         validate_ttl_ms(ttl_ms)
         params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
         return _sql.changed(await self._run(self._write(_sql.RENEW, params), key, write=True))
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew many leases in one ``BEGIN IMMEDIATE`` transaction (``SupportsRenewMany``).
+
+        One result per ``(key, owner, ttl_ms)``, each RENEW's own answer; one trip to
+        the provider's thread and one commit for the whole batch.
+        """
+        checked = check_renew_items(items)
+        if not checked:
+            return []
+        params = [{**_sql.key_params(k, owner=o), "ttl_ms": ttl} for k, o, ttl in checked]
+
+        def work(conn: sqlite3.Connection) -> list[bool]:
+            def body() -> list[bool]:
+                return [_sql.changed(conn.execute(_sql.RENEW, p).rowcount) for p in params]
+
+            return self._transaction(conn, body)
+
+        return await self._run(work, checked[0][0], write=True)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)

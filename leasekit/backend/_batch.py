@@ -48,8 +48,9 @@ class SupportsRenewMany(Protocol):
       would: the caller then knows nothing about any item, and :func:`leasekit.hold`
       treats every one of them as a failed renewal (retried while time remains),
       never as renewed.
-    - An empty batch returns ``[]`` without I/O. The same key may appear twice; each
-      occurrence is answered as if renewed in order.
+    - An empty batch returns ``[]`` without I/O. A key appears at most once per batch
+      (:func:`check_renew_items` refuses a repeated one), so items never depend on
+      each other.
     """
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
@@ -60,20 +61,27 @@ class SupportsRenewMany(Protocol):
 def check_renew_items(items: object) -> list[RenewItem]:
     """Validate a batch for :meth:`SupportsRenewMany.renew_leases`; return it as a list.
 
-    Raises :class:`~leasekit.InvalidLeaseArgument` naming the first bad item
-    (``items[3].owner``, say) before the backend does any I/O.
+    Each item must be a ``(key, owner, ttl_ms)`` tuple that ``renew_lease`` would accept,
+    and no key may repeat. Raises :class:`~leasekit.InvalidLeaseArgument` naming the
+    first bad item (``items[3].owner``, say) before the backend does any I/O.
     """
     if isinstance(items, str | bytes) or not isinstance(items, Sequence):
         raise InvalidLeaseArgument.for_argument(
             "items", f"must be a sequence of (key, owner, ttl_ms), got {type(items).__name__}"
         )
     checked: list[RenewItem] = []
+    seen: set[str] = set()
     for index, item in enumerate(items):
         if not isinstance(item, tuple) or len(item) != 3:
             raise InvalidLeaseArgument.for_argument(
                 f"items[{index}]", f"must be a (key, owner, ttl_ms) tuple, got {item!r:.80}"
             )
         key, owner, ttl_ms = item
+        if key in seen:
+            raise InvalidLeaseArgument.for_argument(
+                f"items[{index}].key", "must not repeat a key of the same batch", key
+            )
+        seen.add(key)
         checked.append(
             (
                 validate_key(key, f"items[{index}].key"),
