@@ -65,10 +65,17 @@ class _MemoryStore:
         return lease
 
     def extend(self, key: str, lease: _Lease, ttl_ms: int, now_ns: int) -> None:
-        lease.expires_ns = now_ns + ttl_ms * _NS_PER_MS
-        self.schedule(key, lease)
+        expires_ns = now_ns + ttl_ms * _NS_PER_MS
+        if expires_ns < lease.expires_ns:
+            self.schedule(key, lease, expires_ns)  # shortened: the sweep must look sooner
+        else:
+            # Lengthened (a renewal, nearly always): the lease's heap entry stays, and the
+            # sweep moves it on when it comes up. One push per TTL, not per renewal.
+            lease.expires_ns = expires_ns
 
-    def schedule(self, key: str, lease: _Lease) -> None:
+    def schedule(self, key: str, lease: _Lease, expires_ns: int | None = None) -> None:
+        if expires_ns is not None:
+            lease.expires_ns = expires_ns
         heapq.heappush(self.expiries, (lease.expires_ns, lease.token, key))
         if len(self.expiries) > 2 * len(self.leases) + 64:
             # Renewals leave stale heap entries behind; rebuild so the heap stays
@@ -82,8 +89,12 @@ class _MemoryStore:
         while expiries and expiries[0][0] <= now_ns:
             _, token, key = heapq.heappop(expiries)
             lease = self.leases.get(key)
-            if lease is not None and lease.token == token and lease.expires_ns <= now_ns:
+            if lease is None or lease.token != token:
+                continue  # released, or granted anew (which pushed an entry of its own)
+            if lease.expires_ns <= now_ns:
                 del self.leases[key]
+            else:
+                heapq.heappush(expiries, (lease.expires_ns, token, key))  # renewed since
 
 
 def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
