@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "TRANSFER", "Script"]
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TRANSFER", "Script"]
 
 
 @dataclass(frozen=True)
@@ -174,5 +174,31 @@ local token = next_token(KEYS[2], ARGV[4])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[2], 'PX', ARGV[3])
 notify(KEYS[1], ARGV[5])
 return 1
+""",
+)
+
+# KEYS: lease 1, counter 1, lease 2, counter 2, ... ARGV: owner 1, ttl_ms 1, counter_px 1,
+# owner 2, ... One RENEW per (lease, counter) pair, in one script: the batch is one
+# round trip and, as any script, runs without another command in between. Returns an
+# array with 1 for each renewed item and 0 for each that ARGV's owner did not hold
+# live. On a cluster every key of one call must share a slot: the provider sends one
+# call per slot.
+RENEW_MANY = Script(
+    "renew_many",
+    _PRELUDE
+    + """
+local renewed = {}
+for i = 1, #KEYS / 2 do
+  local lease, counter = KEYS[2 * i - 1], KEYS[2 * i]
+  local value = redis.call('GET', lease)
+  if value and parse(value) == ARGV[3 * i - 2] then
+    redis.call('PEXPIRE', lease, ARGV[3 * i - 1])
+    touch_counter(counter, ARGV[3 * i])
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
 """,
 )

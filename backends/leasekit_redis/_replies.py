@@ -10,6 +10,7 @@ blocking one, or a pipeline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from leasekit import LeaseResult
@@ -23,9 +24,11 @@ __all__ = [
     "owner_request",
     "read_acquire",
     "read_flag",
+    "read_flags",
     "read_lease_value",
     "read_owner",
     "release_request",
+    "renew_many_request",
     "renew_request",
     "transfer_request",
 ]
@@ -178,3 +181,25 @@ def read_owner(reply: object) -> str | None:
     if not isinstance(reply, bytes | str):
         raise GarbledReply(f"unexpected reply {reply!r:.80}")
     return read_lease_value(reply)[0]
+
+
+def renew_many_request(
+    prefix: bytes, items: Sequence[tuple[str, str, int]], *, counter_ttl_ms: int | None
+) -> ScriptCall:
+    """``RENEW_MANY`` of checked ``(key, owner, ttl_ms)`` items; read it with :func:`read_flags`.
+
+    On a cluster, only for items whose keys share one slot.
+    """
+    keys: list[bytes] = []
+    args: list[Arg] = []
+    for key, owner, ttl_ms in items:
+        keys.extend(_names(prefix, key))
+        args.extend((owner.encode(), ttl_ms, _counter_px(ttl_ms, counter_ttl_ms)))
+    return ScriptCall(_lua.RENEW_MANY, tuple(keys), tuple(args))
+
+
+def read_flags(reply: object, count: int) -> list[bool]:
+    """RENEW_MANY answers one 1 or 0 per item."""
+    if not isinstance(reply, list) or len(reply) != count:
+        raise GarbledReply(f"expected {count} flags, got {reply!r:.80}")
+    return [flag == 1 for flag in reply]
