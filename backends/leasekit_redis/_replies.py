@@ -190,16 +190,17 @@ def renew_many_request(
 
     On a cluster, only for items whose keys share one slot.
     """
-    keys: list[bytes] = []
-    args: list[Arg] = []
-    for key, owner, ttl_ms in items:
-        keys.extend(_names(prefix, key))
-        args.extend((owner.encode(), ttl_ms, _counter_px(ttl_ms, counter_ttl_ms)))
-    return ScriptCall(_lua.RENEW_MANY, tuple(keys), tuple(args))
+    keys = tuple(_keys.lease_name(prefix, key) for key, _, _ in items)
+    args: list[Arg] = [-1 if counter_ttl_ms is None else counter_ttl_ms]
+    for _, owner, ttl_ms in items:
+        args += (owner.encode(), ttl_ms)
+    return ScriptCall(_lua.RENEW_MANY, keys, tuple(args))
 
 
 def read_flags(reply: object, count: int) -> list[bool]:
-    """RENEW_MANY answers one 1 or 0 per item."""
-    if not isinstance(reply, list) or len(reply) != count:
+    """RENEW_MANY answers one ``1`` or ``0`` character per item."""
+    if isinstance(reply, str):
+        reply = reply.encode()  # a caller's client with decode_responses=True
+    if not isinstance(reply, bytes) or len(reply) != count or reply.strip(b"01"):
         raise GarbledReply(f"expected {count} flags, got {reply!r:.80}")
-    return [flag == 1 for flag in reply]
+    return [flag == 0x31 for flag in reply]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeAlias
 
-from .._contract import validate_key, validate_owner, validate_ttl_ms
+from .._contract import MAX_NAME_BYTES, MAX_TTL_MS, validate_key, validate_owner, validate_ttl_ms
 from .._errors import InvalidLeaseArgument
 from ._records import _register_extra
 
@@ -72,6 +72,24 @@ def check_renew_items(items: object) -> list[RenewItem]:
     checked: list[RenewItem] = []
     seen: set[str] = set()
     for index, item in enumerate(items):
+        if type(item) is tuple and len(item) == 3:
+            key, owner, ttl_ms = item
+            # The common case in one expression (what hold() sends, 10,000 times a
+            # period): ASCII names, which UTF-8 encodes byte for byte, and a plain int.
+            if (
+                type(key) is str
+                and type(owner) is str
+                and type(ttl_ms) is int
+                and 0 < len(key) <= MAX_NAME_BYTES
+                and 0 < len(owner) <= MAX_NAME_BYTES
+                and 1 <= ttl_ms <= MAX_TTL_MS
+                and key.isascii()
+                and owner.isascii()
+                and key not in seen
+            ):
+                seen.add(key)
+                checked.append(item)
+                continue
         if not isinstance(item, tuple) or len(item) != 3:
             raise InvalidLeaseArgument.for_argument(
                 f"items[{index}]", f"must be a (key, owner, ttl_ms) tuple, got {item!r:.80}"
