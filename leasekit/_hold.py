@@ -29,6 +29,7 @@ from ._errors import (
     LeaseLost,
     LeaseProviderClosed,
 )
+from ._renewals import batcher_for
 from ._watch import KeyWaiter
 
 __all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
@@ -42,6 +43,9 @@ OnLost = Literal["cancel", "flag"]
 _log = logging.getLogger("leasekit")
 
 _DEFAULT_POLL_S = 0.05
+# The most a batched renewal is sent ahead of its schedule (a twentieth of the
+# interval below 5 s): the window in which due renewals of many holds coalesce.
+_MAX_LEAD_S = 0.25
 _DEFAULT_MAX_POLL_S = 1.0
 
 
@@ -259,6 +263,11 @@ class LeaseHold:
             _hooks.unwrap(provider),
             _hooks.backend_name(provider),
         )
+        # Renewals go out in batches with other holds' on a backend that can renew many
+        # leases at once; each is then submitted up to this lead *before* it is due, so
+        # that renewals falling due close together share a call (see _renewals).
+        self._batched = callable(getattr(self._ops.wrapped, "renew_leases", None))
+        self._lead_s = min(renew_every_ms / 20_000, _MAX_LEAD_S) if self._batched else 0.0
         self.token: int | None = None
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
@@ -387,11 +396,14 @@ class LeaseHold:
         """A grant or renewal that began at ``start`` succeeded: move the deadline on."""
         self._renewed_at = start
         self._valid_until = start + (self.ttl_ms - self.safety_margin_ms) / 1000
-        self._disarm_deadline()
-        # One timer, armed on every successful renewal: at the deadline its single
-        # callback sets .lost and cancels the body, so the news costs one loop turn
-        # however busy the loop is, and does not wait for the renewer to be scheduled.
-        self._deadline_timer = self._clock.call_at(self._valid_until, self._on_deadline)
+        # One timer: at the deadline its single callback sets .lost and cancels the
+        # body, so the news costs one loop turn however busy the loop is, and does not
+        # wait for the renewer to be scheduled. A timer already armed (for an earlier
+        # deadline) stays: when it fires it finds the deadline moved on and follows it,
+        # so a hold costs one timer per TTL rather than one per renewal, which is what
+        # keeps 10,000 holds cheap (asyncio keeps cancelled timers in its heap).
+        if self._deadline_timer is None:
+            self._deadline_timer = self._clock.call_at(self._valid_until, self._on_deadline)
 
     def _disarm_deadline(self) -> None:
         timer, self._deadline_timer = self._deadline_timer, None
@@ -401,6 +413,10 @@ class LeaseHold:
     def _on_deadline(self) -> None:
         self._deadline_timer = None
         if self.lost.is_set() or self.transferred_to is not None or self._exiting:
+            return
+        if self._clock.monotonic() < self._valid_until:
+            # Renewed since this timer was armed: follow the deadline.
+            self._deadline_timer = self._clock.call_at(self._valid_until, self._on_deadline)
             return
         transfer = self._transfer
         if transfer is not None:
@@ -454,69 +470,114 @@ class LeaseHold:
     def _stopped(self) -> bool:
         return not self._renewing or self.lost.is_set()
 
+    async def _renew_once(self, due: float) -> tuple[bool, float]:
+        """One renewal, sent by ``due`` at the latest: (renewed, when it was sent)."""
+        batcher = batcher_for(self._ops.wrapped, self._clock) if self._batched else None
+        if batcher is None:
+            start = self._clock.monotonic()
+            return await self._ops.renew_lease(self.key, self.owner, self.ttl_ms), start
+        # In a batch with other holds' renewals; `start` is when the batch went out.
+        return await batcher.renew(self.key, self.owner, self.ttl_ms, self.backend, due)
+
+    def _renewed(self, start: float) -> None:
+        """A renewal sent at ``start`` succeeded (called by the batcher, too)."""
+        self._lost_cause = None
+        self._believe_from(start)
+
     async def _renew_until_lost(self) -> None:
         """Renew every ``renew_every_ms``; retry failures while the deadline allows.
 
         Each renewal has one of three outcomes: renewed (the deadline moves on),
         refused (the lease is lost, for certain: ``"renew_refused"``), or failed (the
         outcome is unknown: retried with backoff until the deadline timer declares the
-        lease ``"expired"`` and cancels whatever attempt is still in flight).
+        lease ``"expired"`` and cancels whatever attempt is still in flight). With
+        batched renewals the batcher renews on schedule and this task sleeps until a
+        renewal is refused or fails; retries are this task's, as without batching.
         """
         clock = self._clock
         interval_s = self.renew_every_ms / 1000
         while True:
-            await clock.sleep(self._renewed_at + interval_s - clock.monotonic())
-            if self._stopped():
-                return
-            backoff_s = interval_s / 8
-            attempt = 0
-            last_chance = False
-            while True:
-                attempt += 1
-                start = clock.monotonic()
-                try:
-                    renewed = await self._ops.renew_lease(self.key, self.owner, self.ttl_ms)
-                except Exception as exc:  # noqa: BLE001 (any failure is retried until the deadline)
-                    if self._stopped():
-                        return
-                    self._lost_cause = exc
-                    remaining_s = self._valid_until - clock.monotonic()
-                    pause = backoff_s * random.uniform(0.5, 1.0)
-                    give_up = pause >= remaining_s and last_chance
-                    if pause >= remaining_s:
-                        # One last attempt halfway to the deadline, not a storm of
-                        # ever closer ones.
-                        last_chance = True
-                        pause = remaining_s / 2
-                    if _hooks.relay() is None:
-                        _log.warning(
-                            "renewal %d of lease on %r held by %r failed (%s: %s); %s, "
-                            "the lease is believed valid for %.3f s more",
-                            attempt,
-                            self.key,
-                            self.owner,
-                            type(exc).__name__,
-                            exc,
-                            "no time left to retry"
-                            if give_up
-                            else f"retrying in {max(0.0, pause):.3f} s",
-                            max(0.0, remaining_s),
-                        )
-                    if give_up:
-                        return  # the deadline timer declares the loss
-                    await clock.sleep(pause)
-                    if self._stopped():
-                        return
-                    backoff_s = min(backoff_s * 2, interval_s)
-                    continue
+            batcher = batcher_for(self._ops.wrapped, clock) if self._batched else None
+            failure: Exception | None = None
+            if batcher is not None:
+                cause = await batcher.keep(self)
                 if self._stopped():
-                    return  # a reply after the deadline (or a stop) changes nothing
-                if not renewed:
+                    return
+                if cause is None:
                     self._declare_lost("renew_refused", None)
                     return
-                self._lost_cause = None
-                self._believe_from(start)
-                break
+                failure = cause
+            else:
+                await clock.sleep(self._renewed_at + interval_s - clock.monotonic())
+                if self._stopped():
+                    return
+            if not await self._renew_with_retries(failure):
+                return
+
+    async def _renew_with_retries(self, failure: Exception | None) -> bool:
+        """Renew now (or, after ``failure``, retry): True once renewed, False when done."""
+        clock = self._clock
+        interval_s = self.renew_every_ms / 1000
+        lead_s = self._lead_s
+        due = clock.monotonic()
+        backoff_s = interval_s / 8
+        attempt = 0
+        last_chance = False
+        while True:
+            attempt += 1
+            if failure is None:
+                try:
+                    renewed, start = await self._renew_once(due)
+                except Exception as exc:  # noqa: BLE001 (any failure is retried until the deadline)
+                    failure = exc
+            if failure is not None:
+                error, failure = failure, None
+                if self._stopped():
+                    return False
+                pause, last_chance, give_up = self._after_failure(
+                    error, attempt, backoff_s, last_chance
+                )
+                if give_up:
+                    return False  # the deadline timer declares the loss
+                due = clock.monotonic() + max(0.0, pause)
+                await clock.sleep(pause - min(lead_s, pause / 2))
+                if self._stopped():
+                    return False
+                backoff_s = min(backoff_s * 2, interval_s)
+                continue
+            if self._stopped():
+                return False  # a reply after the deadline (or a stop) changes nothing
+            if not renewed:
+                self._declare_lost("renew_refused", None)
+                return False
+            self._renewed(start)
+            return True
+
+    def _after_failure(
+        self, exc: Exception, attempt: int, backoff_s: float, last_chance: bool
+    ) -> tuple[float, bool, bool]:
+        """A renewal failed: (pause before the next attempt, last_chance, give up)."""
+        self._lost_cause = exc
+        remaining_s = self._valid_until - self._clock.monotonic()
+        pause = backoff_s * random.uniform(0.5, 1.0)
+        give_up = pause >= remaining_s and last_chance
+        if pause >= remaining_s:
+            # One last attempt halfway to the deadline, not a storm of ever closer ones.
+            last_chance = True
+            pause = remaining_s / 2
+        if _hooks.relay() is None:
+            _log.warning(
+                "renewal %d of lease on %r held by %r failed (%s: %s); %s, "
+                "the lease is believed valid for %.3f s more",
+                attempt,
+                self.key,
+                self.owner,
+                type(exc).__name__,
+                exc,
+                "no time left to retry" if give_up else f"retrying in {max(0.0, pause):.3f} s",
+                max(0.0, remaining_s),
+            )
+        return pause, last_chance, give_up
 
     # -- loss ------------------------------------------------------------------------------
 

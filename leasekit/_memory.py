@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -14,6 +14,7 @@ from ._capabilities import Capabilities
 from ._clock import Clock
 from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
 
 __all__ = ["MemoryLeaseProvider"]
@@ -64,10 +65,17 @@ class _MemoryStore:
         return lease
 
     def extend(self, key: str, lease: _Lease, ttl_ms: int, now_ns: int) -> None:
-        lease.expires_ns = now_ns + ttl_ms * _NS_PER_MS
-        self.schedule(key, lease)
+        expires_ns = now_ns + ttl_ms * _NS_PER_MS
+        if expires_ns < lease.expires_ns:
+            self.schedule(key, lease, expires_ns)  # shortened: the sweep must look sooner
+        else:
+            # Lengthened (a renewal, nearly always): the lease's heap entry stays, and the
+            # sweep moves it on when it comes up. One push per TTL, not per renewal.
+            lease.expires_ns = expires_ns
 
-    def schedule(self, key: str, lease: _Lease) -> None:
+    def schedule(self, key: str, lease: _Lease, expires_ns: int | None = None) -> None:
+        if expires_ns is not None:
+            lease.expires_ns = expires_ns
         heapq.heappush(self.expiries, (lease.expires_ns, lease.token, key))
         if len(self.expiries) > 2 * len(self.leases) + 64:
             # Renewals leave stale heap entries behind; rebuild so the heap stays
@@ -81,8 +89,12 @@ class _MemoryStore:
         while expiries and expiries[0][0] <= now_ns:
             _, token, key = heapq.heappop(expiries)
             lease = self.leases.get(key)
-            if lease is not None and lease.token == token and lease.expires_ns <= now_ns:
+            if lease is None or lease.token != token:
+                continue  # released, or granted anew (which pushed an entry of its own)
+            if lease.expires_ns <= now_ns:
                 del self.leases[key]
+            else:
+                heapq.heappush(expiries, (lease.expires_ns, token, key))  # renewed since
 
 
 def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
@@ -225,6 +237,25 @@ class MemoryLeaseProvider:
                 return False
             store.extend(key, lease, ttl_ms, now)
             return True
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew each ``(key, owner, ttl_ms)`` as ``renew_lease`` would, under one lock hold.
+
+        ``leasekit.backend.SupportsRenewMany``: what hold() batches renewals into.
+        """
+        checked = check_renew_items(items)
+        store = self._check()
+        renewed: list[bool] = []
+        with store.lock:
+            now = store.clock_ns()
+            for key, owner, ttl_ms in checked:
+                lease = store.live(key, now)
+                if lease is None or lease.owner != owner:
+                    renewed.append(False)
+                else:
+                    store.extend(key, lease, ttl_ms, now)
+                    renewed.append(True)
+        return renewed
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from leasekit import LeaseBackendError, LeaseProvider, LeaseResult
@@ -73,6 +73,59 @@ class ScriptedProvider:
         return renewed
 
 
+class BatchingScriptedProvider(ScriptedProvider):
+    """A :class:`ScriptedProvider` that also renews in batches (``renew_leases``).
+
+    hold() sends its renewals here instead of to ``renew_lease``. The same script
+    applies to a whole batch: a failure or a hang is the batch's, a refusal answers
+    every item False. ``batches`` counts the calls; ``renew_calls`` and ``renewed``
+    count items, as for single renewals. The real work is the inner provider's own
+    ``renew_leases`` when it has one, else its ``renew_lease`` per item.
+    """
+
+    def __init__(self, inner: LeaseProvider) -> None:
+        super().__init__(inner)
+        self.batches = 0
+        self.largest_batch = 0
+
+    async def renew_leases(self, items: Sequence[tuple[str, str, int]]) -> list[bool]:
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(items))
+        self.renew_calls += len(items)
+        if self.fail_renewals > 0:
+            self.fail_renewals -= 1
+            raise LeaseBackendError("injected batch failure", backend="scripted")
+        if self.renew_mode == "fail":
+            raise LeaseBackendError("injected batch failure", backend="scripted")
+        if self.renew_mode == "hang":
+            self.hanging += 1
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.hanging -= 1
+        if self.renew_mode == "refuse":
+            return [False] * len(items)
+        many = getattr(self.inner, "renew_leases", None)
+        if callable(many):
+            results: list[bool] = await many(items)
+        else:
+            results = [await self.inner.renew_lease(*item) for item in items]
+        self.renewed += sum(results)
+        return results
+
+
+def scripted_provider(inner: LeaseProvider, renewals: str) -> ScriptedProvider:
+    """A scripted provider renewing ``"one_by_one"`` or ``"batched"``."""
+    if renewals == "batched":
+        return BatchingScriptedProvider(inner)
+    assert renewals == "one_by_one", renewals
+    return ScriptedProvider(inner)
+
+
+RENEWAL_PATHS = ["one_by_one", "batched"]
+"""How hold() can renew: ``renew_lease`` per lease, or coalesced ``renew_leases`` calls."""
+
+
 async def eventually(predicate: Callable[[], bool], what: str = "condition") -> None:
     """Wait until ``predicate()`` is true; fail after :data:`PATIENCE_S`."""
     deadline = time.monotonic() + PATIENCE_S
@@ -87,7 +140,15 @@ def leasekit_tasks() -> list[asyncio.Task[object]]:
     found = []
     for task in asyncio.all_tasks():
         name = getattr(task.get_coro(), "__qualname__", "")
-        if name.startswith(("LeaseHold.", "HookedLeaseProvider.", "ScriptedProvider.")):
+        if name.startswith(
+            (
+                "LeaseHold.",
+                "HookedLeaseProvider.",
+                "ScriptedProvider.",
+                "BatchingScriptedProvider.",
+                "RenewalBatcher.",
+            )
+        ):
             found.append(task)
     return found
 
@@ -239,7 +300,9 @@ def documented_output(page: str, example: str) -> str:
 
 __all__ = [
     "PATIENCE_S",
+    "RENEWAL_PATHS",
     "ROOT",
+    "BatchingScriptedProvider",
     "FreezableProxy",
     "LoopTurns",
     "ScriptedProvider",
@@ -247,5 +310,6 @@ __all__ = [
     "eventually",
     "leasekit_tasks",
     "run_example",
+    "scripted_provider",
     "shared_url",
 ]

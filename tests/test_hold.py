@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 from faults import (
     PATIENCE_S,
+    RENEWAL_PATHS,
     LoopTurns,
     ScriptedProvider,
     documented_output,
     eventually,
     leasekit_tasks,
     run_example,
+    scripted_provider,
     shared_url,
 )
 
@@ -69,9 +71,10 @@ async def other(url: str) -> AsyncIterator[ManagedLeaseProvider]:
         yield p
 
 
-@pytest.fixture
-def scripted(provider: ManagedLeaseProvider) -> ScriptedProvider:
-    return ScriptedProvider(provider)
+@pytest.fixture(params=RENEWAL_PATHS)
+def scripted(request: pytest.FixtureRequest, provider: ManagedLeaseProvider) -> ScriptedProvider:
+    """The provider, renewals scripted; each test runs renewing one by one and batched."""
+    return scripted_provider(provider, request.param)
 
 
 async def forever() -> None:

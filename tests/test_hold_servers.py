@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from faults import PATIENCE_S, FreezableProxy, LoopTurns, ScriptedProvider, eventually
+from faults import (
+    PATIENCE_S,
+    RENEWAL_PATHS,
+    FreezableProxy,
+    LoopTurns,
+    ScriptedProvider,
+    eventually,
+    scripted_provider,
+)
 from servers import ServerProcess, etcd_http
 
 import leasekit
@@ -253,11 +261,16 @@ async def after_a_renewal(scripted: ScriptedProvider) -> int:
     return scripted.renewed
 
 
-@pytest.fixture
-async def holder(store: Store, fault: Fault) -> AsyncIterator[ScriptedProvider]:
+@pytest.fixture(params=RENEWAL_PATHS)
+async def holder(
+    request: pytest.FixtureRequest, store: Store, fault: Fault
+) -> AsyncIterator[ScriptedProvider]:
+    """The holder's provider, renewing one by one or in batches (etcd has no batches)."""
+    if request.param == "batched" and store.name == "etcd":
+        pytest.skip("etcd has no renew_leases")
     async with leasekit.connect(fault.holder_url(), **store.options) as provider:
         try:
-            yield ScriptedProvider(provider)
+            yield scripted_provider(provider, request.param)
         finally:
             fault.stop()  # so that closing the provider finds a server that answers
 

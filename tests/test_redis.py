@@ -693,6 +693,26 @@ async def test_fencing_counter_outlives_the_lease_by_counter_ttl(
         assert await provider.client.exists(counter)
 
 
+@pytest.mark.parametrize("counter_ttl_ms", [600_000, None])
+async def test_batched_renewal_keeps_the_fencing_counter_as_renew_does(
+    redis_url: str, redis_prefix: str, counter_ttl_ms: int | None
+) -> None:
+    async with RedisLeaseProvider.from_url(
+        redis_url, prefix=redis_prefix, counter_ttl_ms=counter_ttl_ms
+    ) as provider:
+        await provider.acquire_lease("k", "a", 1000)
+        await provider.acquire_lease("j", "b", 1000)
+        assert await provider.renew_leases([("k", "a", 5000), ("j", "a", 5000)]) == [True, False]
+        counters = [provider.prefix.encode() + name for name in (b"{k}:fence", b"{j}:fence")]
+        ttls = [await provider.client.pttl(counter) for counter in counters]
+        if counter_ttl_ms is None:
+            assert ttls == [-1, -1]
+        else:
+            assert 601_000 < ttls[0] <= 605_000  # the renewed lease's TTL + counter_ttl_ms
+            assert 599_000 < ttls[1] <= 601_000  # the refused one's untouched
+        assert 4000 < await provider.client.pttl(provider.prefix.encode() + b"{k}") <= 5000
+
+
 async def test_fencing_counter_can_be_kept_forever(redis_url: str, redis_prefix: str) -> None:
     async with RedisLeaseProvider.from_url(
         redis_url, prefix=redis_prefix, counter_ttl_ms=None

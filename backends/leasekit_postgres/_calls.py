@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -30,7 +30,7 @@ from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
 from leasekit import LeaseBackendError, LeaseBackendUnreachable, LeaseResult
-from leasekit.backend import ErrorMap, LeaseRecord
+from leasekit.backend import ErrorMap, LeaseRecord, RenewItem
 
 from . import _sql
 from ._options import BACKEND
@@ -48,6 +48,7 @@ __all__ = [
     "owner",
     "release",
     "renew",
+    "renew_many",
     "row_count",
     "run",
     "run_pooled",
@@ -140,6 +141,20 @@ def renew(sql: _sql.Statements, key: str, owner: str, ttl_ms: int) -> Operation[
     params = {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl_ms}
     renewed: int = yield Query(sql.renew, params, "rowcount")
     return renewed == 1
+
+
+def renew_many(sql: _sql.Statements, items: Sequence[RenewItem]) -> Operation[list[bool]]:
+    """Renew each ``(key, owner, ttl_ms)`` of a checked batch in one statement."""
+    params = {
+        "keys": [key.encode() for key, _, _ in items],
+        "owners": [owner.encode() for _, owner, _ in items],
+        "ttls_ms": [ttl_ms for _, _, ttl_ms in items],
+    }
+    rows = yield Query(sql.renew_many, params, "rows")
+    renewed = [False] * len(items)
+    for (position,) in rows:
+        renewed[int(position) - 1] = True
+    return renewed
 
 
 def transfer(

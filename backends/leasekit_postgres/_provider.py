@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
@@ -47,6 +47,8 @@ from leasekit.backend import (
     Option,
     ReleaseHub,
     ReleaseWatch,
+    RenewItem,
+    check_renew_items,
 )
 
 from . import _calls, _sql
@@ -397,6 +399,19 @@ class PostgresLeaseProvider(BackendProvider):
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
         return await self._run(lambda: _calls.renew(self._sql, key, owner, ttl_ms), key, write=True)
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew many leases in one statement (``leasekit.backend.SupportsRenewMany``).
+
+        One result per ``(key, owner, ttl_ms)``, each exactly what ``renew_lease`` would
+        answer; one round trip and one transaction for the batch, on the server's clock.
+        """
+        checked = check_renew_items(items)
+        if not checked:
+            return []
+        return await self._run(
+            lambda: _calls.renew_many(self._sql, checked), checked[0][0], write=True
+        )
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         validate_key(key)

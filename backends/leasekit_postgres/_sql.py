@@ -196,6 +196,32 @@ class Statements:
             """
         )
 
+        # %(keys)s, %(owners)s, %(ttls_ms)s: three arrays of one length, item i being
+        # (keys[i], owners[i], ttls_ms[i]) -> one row (i,) per renewed item, 1-based.
+        # The batched renew: one statement, so one round trip and one transaction for
+        # the whole batch, and each row decided exactly as RENEW decides it (owner and
+        # expiry tested against clock_timestamp() under the row lock the UPDATE takes,
+        # with READ COMMITTED's re-check of the join after waiting for a concurrent
+        # writer). Keys are distinct within a batch (the toolkit checks), so every row
+        # matches at most one item. Rows are locked in the order the plan visits
+        # them, which, as for any multi-row UPDATE, may deadlock with another batch
+        # over the same keys in another order: PostgreSQL then fails one of them, and
+        # the caller retries it like any failed renewal.
+        self.renew_many = compose(
+            """
+            WITH item AS (
+                SELECT * FROM unnest(%(keys)s::bytea[], %(owners)s::bytea[], %(ttls_ms)s::int4[])
+                    WITH ORDINALITY AS item (key, owner, ttl_ms, position)
+            )
+            UPDATE {table} AS lease
+            SET expires_at = clock_timestamp() + item.ttl_ms * interval '1 millisecond'
+            FROM item
+            WHERE lease.key = item.key AND lease.owner = item.owner
+                AND lease.expires_at > clock_timestamp()
+            RETURNING item.position
+            """
+        )
+
         # %(key)s, %(owner)s. The holder's row expires at once and stays as a tombstone
         # that keeps its token (see the module docstring); anyone else's call matches
         # nothing.

@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "TRANSFER", "Script"]
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TRANSFER", "Script"]
 
 
 @dataclass(frozen=True)
@@ -174,5 +174,40 @@ local token = next_token(KEYS[2], ARGV[4])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[2], 'PX', ARGV[3])
 notify(KEYS[1], ARGV[5])
 return 1
+""",
+)
+
+# KEYS: lease 1, lease 2, ... ARGV: counter_ttl_ms ('-1': counters kept forever), then
+# owner 1, ttl_ms 1, owner 2, ttl_ms 2, ... One RENEW per lease, in one script: the
+# batch is one round trip and, as any script, runs without another command in between.
+# Each lease's fencing counter is its name + ':fence' (``_keys.counter_name``), in the
+# same hash slot by its hash tag; it is derived here rather than passed, as is its TTL
+# (the lease's + counter_ttl_ms, as ``_replies._counter_px`` computes it), so that a
+# batch sends three arguments per lease instead of five: packing the command is most
+# of the client's work. Returns one string with a '1' for each renewed lease and a '0'
+# for each that its owner did not hold live (one bulk reply parses faster than an
+# array). On a cluster every key of one call must share a slot: the provider sends one
+# call per slot.
+RENEW_MANY = Script(
+    "renew_many",
+    _PRELUDE
+    + """
+local counter_ttl = tonumber(ARGV[1])
+local renewed = {}
+for i = 1, #KEYS do
+  local lease = KEYS[i]
+  local value = redis.call('GET', lease)
+  if value and parse(value) == ARGV[2 * i] then
+    local ttl = ARGV[2 * i + 1]
+    redis.call('PEXPIRE', lease, ttl)
+    if counter_ttl >= 0 then
+      redis.call('PEXPIRE', lease .. ':fence', tonumber(ttl) + counter_ttl)
+    end
+    renewed[i] = '1'
+  else
+    renewed[i] = '0'
+  end
+end
+return table.concat(renewed)
 """,
 )

@@ -10,6 +10,7 @@ blocking one, or a pipeline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from leasekit import LeaseResult
@@ -23,9 +24,11 @@ __all__ = [
     "owner_request",
     "read_acquire",
     "read_flag",
+    "read_flags",
     "read_lease_value",
     "read_owner",
     "release_request",
+    "renew_many_request",
     "renew_request",
     "transfer_request",
 ]
@@ -181,3 +184,26 @@ def read_owner(reply: object) -> str | None:
     if not isinstance(reply, bytes | str):
         raise GarbledReply(f"unexpected reply {reply!r:.80}")
     return read_lease_value(reply)[0]
+
+
+def renew_many_request(
+    prefix: bytes, items: Sequence[tuple[str, str, int]], *, counter_ttl_ms: int | None
+) -> ScriptCall:
+    """``RENEW_MANY`` of checked ``(key, owner, ttl_ms)`` items; read it with :func:`read_flags`.
+
+    On a cluster, only for items whose keys share one slot.
+    """
+    keys = tuple(_keys.lease_name(prefix, key) for key, _, _ in items)
+    args: list[Arg] = [-1 if counter_ttl_ms is None else counter_ttl_ms]
+    for _, owner, ttl_ms in items:
+        args += (owner.encode(), ttl_ms)
+    return ScriptCall(_lua.RENEW_MANY, keys, tuple(args))
+
+
+def read_flags(reply: object, count: int) -> list[bool]:
+    """RENEW_MANY answers one ``1`` or ``0`` character per item."""
+    if isinstance(reply, str):
+        reply = reply.encode()  # a caller's client with decode_responses=True
+    if not isinstance(reply, bytes) or len(reply) != count or reply.strip(b"01"):
+        raise GarbledReply(f"expected {count} flags, got {reply!r:.80}")
+    return [flag == 0x31 for flag in reply]

@@ -24,7 +24,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
@@ -46,6 +46,8 @@ from leasekit.backend import (
     LeaseRecord,
     Option,
     OptionSet,
+    RenewItem,
+    check_renew_items,
     parse_url,
     timeout_option,
 )
@@ -410,6 +412,25 @@ class SQLiteLeaseProvider(BackendProvider):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._run(_work.renew(key, owner, ttl_ms), key, write=True)
+
+    async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew many leases in one ``BEGIN IMMEDIATE`` transaction (``SupportsRenewMany``).
+
+        One result per ``(key, owner, ttl_ms)``, each RENEW's own answer; one trip to
+        the provider's thread and one commit for the whole batch.
+        """
+        checked = check_renew_items(items)
+        if not checked:
+            return []
+        params = [{**_sql.key_params(k, owner=o), "ttl_ms": ttl} for k, o, ttl in checked]
+
+        def work(conn: sqlite3.Connection) -> list[bool]:
+            def body() -> list[bool]:
+                return [_sql.changed(conn.execute(_sql.RENEW, p).rowcount) for p in params]
+
+            return self._transaction(conn, body)
+
+        return await self._run(work, checked[0][0], write=True)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         return await self._run(_work.transfer(key, from_owner, to_owner, ttl_ms), key, write=True)

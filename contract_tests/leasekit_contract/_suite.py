@@ -7,6 +7,7 @@ import anyio.to_thread
 from leasekit import LeaseProvider
 
 from ._base import ContractBase, Timing
+from ._batch import BatchedRenewalChecks
 from ._concurrency import ConcurrencyChecks
 from ._expiry import ExpiryChecks
 from ._fencing import FencingChecks
@@ -37,6 +38,7 @@ class ModelChecks(ContractBase):
 # pytest collects the base-most class's tests first: listed in reverse reading order,
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
+    BatchedRenewalChecks,
     LifecycleChecks,
     NotificationChecks,
     ModelChecks,
@@ -75,7 +77,8 @@ class LeaseProviderContract(
     Sections: :class:`SemanticsChecks` (one test per row of the semantics table),
     :class:`ExpiryChecks`, :class:`InputChecks` (bad input, unusual names),
     :class:`FencingChecks`, :class:`ConcurrencyChecks` (races, transfer under fire,
-    mutual exclusion under churn), :class:`ModelChecks` (stateful property test) and
-    :class:`NotificationChecks` (wake-ups on release, ``watch_owner``) and
-    :class:`LifecycleChecks` (closing).
+    mutual exclusion under churn), :class:`ModelChecks` (stateful property test),
+    :class:`NotificationChecks` (wake-ups on release, ``watch_owner``),
+    :class:`LifecycleChecks` (closing) and :class:`BatchedRenewalChecks`
+    (``renew_leases``, for backends that offer it; skipped otherwise).
     """

@@ -24,12 +24,16 @@ capabilities. Everything else is here, once:
   :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
   native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
   options and errors.
+- :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
+  one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
+  together (at most :data:`RENEW_BATCH_LIMIT` items per call).
 
 See the guide "Writing a backend" in the documentation.
 """
 
 from __future__ import annotations
 
+from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
 from ._notify import ReleaseHub, ReleaseWatch, SupportsReleaseNotifications, SupportsRemaining
@@ -62,6 +66,7 @@ from ._urls import (
 )
 
 __all__ = [
+    "RENEW_BATCH_LIMIT",
     "BackendProvider",
     "Deadlines",
     "Endpoint",
@@ -74,16 +79,19 @@ __all__ = [
     "ParsedURL",
     "ReleaseHub",
     "ReleaseWatch",
+    "RenewItem",
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
     "SupportsReleaseNotifications",
     "SupportsRemaining",
+    "SupportsRenewMany",
     "SupportsSweep",
     "SupportsSyncProvider",
     "SyncBackendProvider",
     "SyncDeadlines",
     "SyncProvider",
+    "check_renew_items",
     "coerce_bool",
     "map_errors",
     "parse_url",
