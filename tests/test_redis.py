@@ -79,6 +79,13 @@ class TestRedisClusterContract(LeaseProviderContract):
         url = f"{redis_cluster.url}?cluster=true"
         return functools.partial(leasekit.connect, url, prefix=redis_prefix)
 
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: RedisLeaseProvider) -> None:
+            await provider.break_notifications()  # every node's pub/sub connection
+
+        return cut
+
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -489,6 +496,13 @@ async def test_500_tasks_on_one_provider_at_default_settings_get_no_error(
         done, errors = await contend(provider, 500, seconds)
     assert errors == []
     assert done >= 500
+
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: RedisLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut
 
 
 class PasswordRedisServer(RedisServer):

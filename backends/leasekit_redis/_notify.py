@@ -184,8 +184,13 @@ class RedisReleaseListener:
     async def break_connection(self) -> None:
         """Cut the subscriber connection, as a network failure would (for tests)."""
         pubsub = self._pubsub
-        if pubsub is not None and pubsub.connection is not None:
-            await pubsub.connection.disconnect()
+        if pubsub is None:
+            return
+        # A cluster's pub/sub reads one connection per node (redis-py's ClusterPubSub).
+        pubsubs = [pubsub, *getattr(pubsub, "node_pubsub_mapping", {}).values()]
+        for each in pubsubs:
+            if each.connection is not None:
+                await each.connection.disconnect()
 
     async def aclose(self) -> None:
         """Stop listening; waiters are woken and fall back to the holder's TTL."""
