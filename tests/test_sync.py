@@ -27,17 +27,31 @@ LONG_TTL_MS = 60_000
 THREADS = 8
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
+def backend_url(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of backend ``name`` on the session's server (or a temp file), unique keys."""
+    if name == "postgres":
         postgres_url: str = request.getfixturevalue("postgres_url")
         table: str = request.getfixturevalue("postgres_table")
         return f"{postgres_url}{'&' if '?' in postgres_url else '?'}table={table}"
-    if request.param == "redis":
+    if name == "redis":
         redis_url: str = request.getfixturevalue("redis_url")
         prefix: str = request.getfixturevalue("redis_prefix")
         return f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
-    return shared_url(request.param, str(tmp_path), f"sync-{uuid.uuid4().hex}")
+    if name == "etcd":
+        pytest.importorskip("aetcd")
+        etcd_url: str = request.getfixturevalue("etcd_url")
+        return f"{etcd_url}?prefix={request.getfixturevalue('etcd_prefix')}"
+    if name == "mysql":
+        pytest.importorskip("asyncmy")
+        mysql_url: str = request.getfixturevalue("mysql_url")
+        table = request.getfixturevalue("mysql_table")
+        return f"{mysql_url}{'&' if '?' in mysql_url else '?'}table={table}"
+    return shared_url(name, str(tmp_path), f"sync-{uuid.uuid4().hex}")
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request.param, request, tmp_path)
 
 
 @pytest.fixture
@@ -345,8 +359,14 @@ def test_the_documented_example_prints_what_the_page_shows(tmp_path: Path) -> No
     )
 
 
-def test_blocking_watch_owner_elect_and_leaders() -> None:
-    with leasekit.sync.connect("memory://") as leases:
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres", "etcd", "mysql"])
+def any_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every in-tree backend, for the blocking watch and election."""
+    return backend_url(request.param, request, tmp_path)
+
+
+def test_blocking_watch_owner_elect_and_leaders(any_url: str) -> None:
+    with leasekit.sync.connect(any_url) as leases:
         changes = leasekit.sync.watch_owner(leases, "k", poll_s=0.01)
         assert next(changes) is None
         leases.acquire_lease("k", "alice", 60_000)
