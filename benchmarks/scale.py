@@ -183,7 +183,8 @@ class SqliteStore:
             expires = 0 if expired else now_ms + LIVE_TTL_MS
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(
-                "INSERT INTO leasekit_leases (key, owner, token, expires_at_ms) VALUES (?, ?, ?, ?)",
+                "INSERT INTO leasekit_leases (key, owner, token, expires_at_ms) "
+                "VALUES (?, ?, ?, ?)",
                 (
                     (f"{prefix}/{n}".encode(), owner, n, expires)
                     for n in range(start, start + count)
@@ -278,7 +279,8 @@ async def sample(provider: Any, size: int, count: int, tag: str) -> tuple[list[f
         start = time.perf_counter()
         got = await provider.acquire_lease(held, BENCH_OWNER, LIVE_TTL_MS)
         denied.append(time.perf_counter() - start)
-        assert not got.acquired and got.owner == FILLER, (held, got)
+        assert not got.acquired, (held, got)
+        assert got.owner == FILLER, (held, got)
     return fresh, denied
 
 
@@ -287,52 +289,54 @@ async def run_backend(name: str, args: argparse.Namespace, report: Report) -> No
         workdir = Path(tmp)
         (workdir / "redis").mkdir()
         (workdir / "pg").mkdir()
-        async with open_store(name, workdir) as store:
-            async with leasekit.connect(store.url, **store.options) as provider:
-                # The first operation creates the schema; then the store is empty again.
-                await provider.acquire_lease("fresh/schema", BENCH_OWNER, 1000)
-                await provider.release_lease("fresh/schema", BENCH_OWNER)
+        async with (
+            open_store(name, workdir) as store,
+            leasekit.connect(store.url, **store.options) as provider,
+        ):
+            # The first operation creates the schema; then the store is empty again.
+            await provider.acquire_lease("fresh/schema", BENCH_OWNER, 1000)
+            await provider.release_lease("fresh/schema", BENCH_OWNER)
+            await store.forget("fresh/")
+            empty = await store.memory_bytes()
+            filled = 0
+            first: SizeResult | None = None
+            for size in args.sizes:
+                start = time.perf_counter()
+                await store.fill(filled + 1, size - filled)
+                fill_s = time.perf_counter() - start
+                filled = size
+                per_key = (await store.memory_bytes() - empty) / size
+                await sample(provider, size, min(WARMUP, args.samples), f"warm{size}")
+                fresh, denied = await sample(provider, size, args.samples, str(size))
                 await store.forget("fresh/")
-                empty = await store.memory_bytes()
-                filled = 0
-                first: SizeResult | None = None
-                for size in args.sizes:
-                    start = time.perf_counter()
-                    await store.fill(filled + 1, size - filled)
-                    fill_s = time.perf_counter() - start
-                    filled = size
-                    per_key = (await store.memory_bytes() - empty) / size
-                    await sample(provider, size, min(WARMUP, args.samples), f"warm{size}")
-                    fresh, denied = await sample(provider, size, args.samples, str(size))
-                    await store.forget("fresh/")
-                    result = SizeResult(
-                        backend=name,
-                        live_keys=size,
-                        samples=args.samples,
-                        fill_s=round(fill_s, 2),
-                        fresh_p50_ms=round(percentile(fresh, 50) * 1000, 3),
-                        fresh_p99_ms=round(percentile(fresh, 99) * 1000, 3),
-                        denied_p50_ms=round(percentile(denied, 50) * 1000, 3),
-                        denied_p99_ms=round(percentile(denied, 99) * 1000, 3),
-                        bytes_per_live_key=round(per_key, 1),
-                    )
-                    first = first or result
-                    result.fresh_p99_x = round(result.fresh_p99_ms / first.fresh_p99_ms, 2)
-                    result.denied_p99_x = round(result.denied_p99_ms / first.denied_p99_ms, 2)
-                    print(format_row(result), file=sys.stderr, flush=True)
-                    report.sizes.append(result)
-                if args.expired:
-                    before = await store.memory_bytes()
-                    await store.fill(1, args.expired, expired=True)
-                    per_expired = (await store.memory_bytes() - before) / args.expired
-                    expired = ExpiredResult(name, args.expired, round(per_expired, 1))
-                    print(
-                        f"  {name}: {args.expired:,} expired keys, "
-                        f"{expired.bytes_per_expired_key:,.1f} B each",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    report.expired.append(expired)
+                result = SizeResult(
+                    backend=name,
+                    live_keys=size,
+                    samples=args.samples,
+                    fill_s=round(fill_s, 2),
+                    fresh_p50_ms=round(percentile(fresh, 50) * 1000, 3),
+                    fresh_p99_ms=round(percentile(fresh, 99) * 1000, 3),
+                    denied_p50_ms=round(percentile(denied, 50) * 1000, 3),
+                    denied_p99_ms=round(percentile(denied, 99) * 1000, 3),
+                    bytes_per_live_key=round(per_key, 1),
+                )
+                first = first or result
+                result.fresh_p99_x = round(result.fresh_p99_ms / first.fresh_p99_ms, 2)
+                result.denied_p99_x = round(result.denied_p99_ms / first.denied_p99_ms, 2)
+                print(format_row(result), file=sys.stderr, flush=True)
+                report.sizes.append(result)
+            if args.expired:
+                before = await store.memory_bytes()
+                await store.fill(1, args.expired, expired=True)
+                per_expired = (await store.memory_bytes() - before) / args.expired
+                expired = ExpiredResult(name, args.expired, round(per_expired, 1))
+                print(
+                    f"  {name}: {args.expired:,} expired keys, "
+                    f"{expired.bytes_per_expired_key:,.1f} B each",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                report.expired.append(expired)
 
 
 COLUMNS: list[tuple[str, str, Callable[[SizeResult], object]]] = [
