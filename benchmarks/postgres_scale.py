@@ -103,8 +103,23 @@ async def run_cycles(
     return latencies, done
 
 
-async def fill(url: str, table: str, rows: int) -> float:
-    """Insert ``rows`` rows, half expired an hour ago and half live for an hour."""
+FILL_EXPIRY = {
+    "half": """CASE WHEN g %% 2 = 0 THEN clock_timestamp() - interval '1 hour'
+                    ELSE clock_timestamp() + interval '1 hour' END""",
+    "live": "clock_timestamp() + interval '1 hour'",
+    "expired": "clock_timestamp() - interval '1 hour'",
+}
+"""How :func:`fill` dates its rows: alternately expired and live, all live, all expired."""
+
+
+async def fill(
+    url: str, table: str, rows: int, *, start: int = 1, expiry: str = "half", prefix: str = "fill"
+) -> float:
+    """Insert ``rows`` rows keyed ``<prefix>/<n>`` from ``n = start``, owned by ``filler``.
+
+    ``expiry`` picks how they are dated (:data:`FILL_EXPIRY`): by default half expired
+    an hour ago and half live for an hour. Then ``ANALYZE``, as autovacuum would.
+    """
     schema, _, name = table.rpartition(".")
     ident = sql.Identifier(schema, name) if schema else sql.Identifier(name)
     seq_text = (
@@ -115,18 +130,16 @@ async def fill(url: str, table: str, rows: int) -> float:
     statement = sql.SQL(
         """
         INSERT INTO {table} (key, owner, token, expires_at)
-        SELECT convert_to('fill/' || g, 'UTF8'), convert_to('filler', 'UTF8'),
-               nextval({seq}),
-               CASE WHEN g %% 2 = 0 THEN clock_timestamp() - interval '1 hour'
-                    ELSE clock_timestamp() + interval '1 hour' END
-        FROM generate_series(1, %(rows)s) AS g
+        SELECT convert_to(%(prefix)s::text || '/' || g, 'UTF8'), convert_to('filler', 'UTF8'),
+               nextval({seq}), {expiry}
+        FROM generate_series(%(start)s::bigint, %(start)s::bigint + %(rows)s::bigint - 1) AS g
         """
-    ).format(table=ident, seq=sql.Literal(seq_text))
-    start = time.perf_counter()
+    ).format(table=ident, seq=sql.Literal(seq_text), expiry=sql.SQL(FILL_EXPIRY[expiry]))
+    began = time.perf_counter()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute(statement, {"rows": rows})
+        await conn.execute(statement, {"rows": rows, "start": start, "prefix": prefix})
         await conn.execute(sql.SQL("ANALYZE {}").format(ident))
-    return time.perf_counter() - start
+    return time.perf_counter() - began
 
 
 async def expired_rows(url: str, table: str, grace_s: float) -> int:
