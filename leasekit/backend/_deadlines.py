@@ -56,6 +56,12 @@ class _Open:
         self.closed = False
         self.expired = False
 
+    def cancel_requested(self) -> bool:
+        """Whether the timed task was asked to cancel (by anyone) since the operation began."""
+        if sys.version_info >= (3, 11) and self.task is not None:
+            return self.task.cancelling() > self.cancelling
+        return False
+
 
 _UNCANCEL = sys.version_info >= (3, 11)  # Task.uncancel() exists from 3.11
 
