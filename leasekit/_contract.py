@@ -121,14 +121,19 @@ def _describe(value: object) -> str:
 
 
 def _validate_name(value: object, argument: str) -> str:
+    """The full check, for what the callers' fast path did not accept at once.
+
+    That fast path: a plain ASCII ``str`` (``isascii`` is O(1) in CPython) of 1 to 1024
+    characters has one UTF-8 byte per character and no surrogate, so it needs no
+    encoding to be judged.
+    """
     if not isinstance(value, str):
         raise InvalidLeaseArgument.for_argument(
             argument, f"must be a str, got {_describe(value)}", value
         )
     if not value:
         raise InvalidLeaseArgument.for_argument(argument, "must not be empty", value)
-    # Fast path: 256 code points can never exceed 1024 UTF-8 bytes, but the encode
-    # still has to run to reject lone surrogates, which no store can round-trip.
+    # The encode has to run to reject lone surrogates, which no store can round-trip.
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -150,16 +155,22 @@ def validate_key(key: object, argument: str = "key") -> str:
     Any code point UTF-8 can encode is allowed, NUL included; lone surrogates are not.
     Raises :class:`InvalidLeaseArgument` naming ``argument``.
     """
+    if type(key) is str and key.isascii() and 0 < len(key) <= MAX_NAME_BYTES:
+        return key  # the common case, without a second call
     return _validate_name(key, argument)
 
 
 def validate_owner(owner: object, argument: str = "owner") -> str:
     """Check an owner id and return it; the same rules as :func:`validate_key`."""
+    if type(owner) is str and owner.isascii() and 0 < len(owner) <= MAX_NAME_BYTES:
+        return owner  # the common case, without a second call
     return _validate_name(owner, argument)
 
 
 def validate_ttl_ms(ttl_ms: object, argument: str = "ttl_ms") -> int:
     """Check a TTL and return it: an ``int`` (not ``bool``, not ``float``) in 1..2**31-1."""
+    if type(ttl_ms) is int and 1 <= ttl_ms <= MAX_TTL_MS:
+        return ttl_ms  # the common case
     if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int):
         raise InvalidLeaseArgument.for_argument(
             argument, f"must be an int number of milliseconds, got {_describe(ttl_ms)}", ttl_ms

@@ -8,6 +8,8 @@ toolkit's own bookkeeping, not a store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import os
 import pickle
 import socket
@@ -313,6 +315,11 @@ def test_map_errors_chains_the_driver_exception() -> None:
 # -- the provider base ---------------------------------------------------------------------
 
 
+_SET_BY_DRIVER: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "set_by_driver", default="caller"
+)
+
+
 class Gate:
     """A driver call that answers when the test says so (or never)."""
 
@@ -379,6 +386,80 @@ async def test_a_call_that_never_answers_times_out_as_lease_backend_timeout(mode
         await call()
     assert info.value.key == "k"
     await provider.aclose()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 runs detached calls in a task")
+async def test_a_detached_call_runs_in_the_callers_task_with_its_own_context() -> None:
+    seen: list[object] = []
+
+    async def driver() -> str:
+        seen.append(asyncio.current_task())
+        _SET_BY_DRIVER.set("driver")
+        await asyncio.sleep(0)
+        return "ok"
+
+    async with GateProvider(Gate()) as provider:
+        assert await provider._call_detached(driver(), "k") == "ok"
+    # No task (and no loop iteration) of its own; the driver's context changes stay its own.
+    assert seen == [asyncio.current_task()]
+    assert _SET_BY_DRIVER.get() == "caller"
+
+
+async def test_a_detached_call_that_ignores_cancellation_is_abandoned_at_the_deadline() -> None:
+    provider = GateProvider(Gate(), timeout_s=0.05)
+    unwound = asyncio.Event()
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        # What psycopg does when cancelled: ask the server to cancel, then wait for it.
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()
+            unwound.set()
+            raise
+
+    with pytest.raises(LeaseBackendTimeout):
+        await provider._call_detached(stubborn(), "k")
+    assert not unwound.is_set()  # the caller went on while the driver still unwinds
+    closing = asyncio.ensure_future(provider.aclose())
+    await asyncio.sleep(0)
+    assert not closing.done()  # aclose waits for the abandoned call
+    release.set()
+    await closing
+    assert unwound.is_set()
+
+
+async def test_a_detached_call_handles_the_failures_of_its_own_futures() -> None:
+    async def driver() -> str:
+        inner = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(inner.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await inner  # the driver's own cancellation, not the caller's
+        failing = asyncio.get_running_loop().create_future()
+        failing.set_exception(KeyError("inner"))
+        try:
+            await failing
+        except KeyError:
+            return "recovered"
+        return "unreachable"
+
+    async with GateProvider(Gate()) as provider:
+        assert await provider._call_detached(driver(), "k") == "recovered"
+
+
+async def test_a_cancelled_detached_call_propagates_and_unwinds_in_the_background() -> None:
+    gate = Gate()
+    provider = GateProvider(gate, timeout_s=5)
+    task = asyncio.ensure_future(provider.detached())
+    for _ in range(3):  # a task of the call's own, where Python 3.10 makes one
+        await asyncio.sleep(0)
+    assert gate.started == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await provider.aclose()  # the abandoned call was cancelled and is settled
+    assert gate.finished == 0
 
 
 async def test_a_cancel_from_elsewhere_is_not_turned_into_a_timeout() -> None:

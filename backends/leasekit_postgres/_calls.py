@@ -8,11 +8,11 @@ statement that fails is thrown into the generator, which may handle it (a missin
 table while reading the schema version) or let it propagate.
 
 The rest of the module is the asyncio side: :func:`run` drives an operation on one
-connection, :func:`run_pooled` takes a connection from a pool and runs the operation
-once more on a fresh one when the connection turns out to be dead, and
-:func:`open_connection` makes the provider's first connection itself, so that a refused
-connection, a wrong password or an unknown host surface at once instead of as
-psycopg_pool's background retries. psycopg_pool's own log about a pool the provider
+connection (the provider takes it from the pool, and runs the operation once more on a
+fresh one when :func:`lost` says the connection died), and :func:`open_connection`
+makes the provider's first connection itself, so that a refused connection, a wrong
+password or an unknown host surface at once instead of as psycopg_pool's background
+retries. psycopg_pool's own log about a pool the provider
 built goes to leasekit's logger at DEBUG (:data:`ROUTE_POOL_LOG`), not to a terminal.
 """
 
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg import pq
-from psycopg_pool import AsyncConnectionPool
 
 from leasekit import LeaseBackendError, LeaseBackendUnreachable, LeaseResult
 from leasekit.backend import ErrorMap, LeaseRecord, RenewItem
@@ -43,6 +42,7 @@ __all__ = [
     "create_schema",
     "ensure_schema",
     "inspect",
+    "lost",
     "migrate",
     "open_connection",
     "owner",
@@ -51,7 +51,6 @@ __all__ = [
     "renew_many",
     "row_count",
     "run",
-    "run_pooled",
     "run_single",
     "sweep",
     "transfer",
@@ -64,7 +63,7 @@ log = logging.getLogger("leasekit.postgres")
 _DENIED_RETRIES = 3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs a call per field to build
 class Query:
     """One statement to send, and what of its reply the operation reads.
 
@@ -123,11 +122,11 @@ def release(
 
     With a ``channel``, the same statement notifies the waiters listening on it.
     """
-    params = {"key": key.encode(), "owner": owner.encode()}
     if channel is None:
-        yield Query(sql.release, params, "rowcount")
+        yield Query(sql.release, {"key": key.encode(), "owner": owner.encode()}, "rowcount")
     else:
-        yield Query(sql.release_notify, {**params, "channel": channel}, "rowcount")
+        params = {"key": key.encode(), "owner": owner.encode(), "channel": channel}
+        yield Query(sql.release_notify, params, "rowcount")
 
 
 def remaining(sql: _sql.Statements, key: str) -> Operation[int | None]:
@@ -303,34 +302,9 @@ async def run_single(conn: psycopg.AsyncConnection[Any], operation: Operation[_T
     return await run(conn, operation)
 
 
-async def run_pooled(
-    pool: AsyncConnectionPool[Any],
-    operation: Callable[[], Operation[_T]],
-    *,
-    idempotent: bool,
-) -> _T:
-    """Run ``operation()`` on a pooled connection; once more if that connection was dead.
-
-    The pool's context commits if a caller's pool hands out a connection that is not
-    in autocommit mode (one round trip more), and replaces broken ones.
-    """
-    retried = False
-    while True:
-        conn: psycopg.AsyncConnection[Any] | None = None
-        try:
-            async with pool.connection() as conn:
-                return await run(conn, operation())
-        except psycopg.OperationalError as exc:
-            lost = conn is not None and (conn.closed or conn.broken)
-            if retried or not idempotent or not lost:
-                raise
-            # The connection died (server restart, pg_terminate_backend, a proxy
-            # dropping idle links): its idle siblings likely too. Let the pool test and
-            # replace them, then run the operation once more. The first attempt may or
-            # may not have run; every retried operation is idempotent.
-            log.info("connection lost (%s); retrying once on a fresh one", exc)
-            retried = True
-            await pool.check()
+def lost(conn: psycopg.AsyncConnection[Any] | None) -> bool:
+    """Whether an ``OperationalError`` on ``conn`` means the connection itself died."""
+    return conn is not None and (conn.closed or conn.broken)
 
 
 # Connecting failed: refused, DNS, TLS, authentication. Only for the provider's own

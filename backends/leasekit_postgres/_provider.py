@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
@@ -163,6 +163,8 @@ class PostgresLeaseProvider(BackendProvider):
                 f"(asyncio), got {type(client).__module__}.{type(client).__qualname__}",
             )
         super().__init__(timeout_s=options["timeout_s"], owns_client=bool(close_client))
+        # psycopg_pool's log about a pool the provider built goes to leasekit's logger.
+        self._route_log = self._owns_client and self._pool is not None
         self.table: str = options["table"]
         self.create_schema: bool = options["create_schema"]
         self.sweep_every: int = options["sweep_every"]
@@ -234,7 +236,7 @@ class PostgresLeaseProvider(BackendProvider):
 
     # -- one call: bounded, retried once on a lost connection, translated ---------------
 
-    async def _run(
+    def _run(
         self,
         operation: Callable[[], _calls.Operation[_T]],
         key: str | None,
@@ -242,37 +244,60 @@ class PostgresLeaseProvider(BackendProvider):
         write: bool = False,
         idempotent: bool = True,
         check_schema: bool = True,
+    ) -> Awaitable[_T]:
+        return self._call_detached(self._attempt(operation, write, idempotent, check_schema), key)
+
+    async def _attempt(
+        self,
+        operation: Callable[[], _calls.Operation[_T]],
+        write: bool,
+        idempotent: bool = True,
+        check_schema: bool = True,
     ) -> _T:
-        result = await self._call_detached(
-            self._attempt(operation, idempotent=idempotent, check_schema=check_schema), key
-        )
+        """Run ``operation()`` on a connection; once more if a pooled one was dead.
+
+        Bounded by ``_call_detached``, which runs it in a copy of the caller's context.
+        The pool's context commits if a caller's pool hands out a connection that is
+        not in autocommit mode (one round trip more), and replaces broken ones.
+        """
+        if self._route_log:
+            _calls.ROUTE_POOL_LOG.set(True)
+        pool = self._pool
+        try:
+            if not self._ready:
+                await self._ensure_ready(check_schema=check_schema)
+            if pool is None:
+                assert self._conn is not None
+                result = await _calls.run_single(self._conn, operation())
+            else:
+                retried = False
+                while True:
+                    conn: psycopg.AsyncConnection[Any] | None = None
+                    try:
+                        async with pool.connection() as conn:
+                            result = await _calls.run(conn, operation())
+                        break
+                    except psycopg.OperationalError as exc:
+                        if retried or not idempotent or not _calls.lost(conn):
+                            raise
+                        # The connection died (server restart, pg_terminate_backend, a
+                        # proxy dropping idle links): its idle siblings likely too. Let
+                        # the pool test and replace them, then run the operation once
+                        # more. The first attempt may or may not have run; every retried
+                        # operation is idempotent.
+                        _calls.log.info("connection lost (%s); retrying once on a fresh one", exc)
+                        retried = True
+                        await pool.check()
+        except PoolClosed:
+            if self.closed:
+                raise LeaseProviderClosed(backend=BACKEND) from None
+            raise
         if write and self.sweep_every:
             self._writes += 1
             if self._writes >= self.sweep_every and self._sweeper is None and not self.closed:
                 self._writes = 0
                 self._sweeper = self._spawn(self._sweep_in_background())
         return result
-
-    async def _attempt(
-        self,
-        operation: Callable[[], _calls.Operation[_T]],
-        *,
-        idempotent: bool,
-        check_schema: bool,
-    ) -> _T:
-        """Run ``operation`` on a connection, in a task of its own (``_call_detached``)."""
-        self._route_pool_log()
-        try:
-            if not self._ready:
-                await self._ensure_ready(check_schema=check_schema)
-            if self._pool is None:
-                assert self._conn is not None
-                return await _calls.run_single(self._conn, operation())
-            return await _calls.run_pooled(self._pool, operation, idempotent=idempotent)
-        except PoolClosed:
-            if self.closed:
-                raise LeaseProviderClosed(backend=BACKEND) from None
-            raise
 
     async def _ensure_ready(self, *, check_schema: bool) -> None:
         """Open the pool we built, and once per provider check (or create) the schema.
@@ -323,7 +348,7 @@ class PostgresLeaseProvider(BackendProvider):
 
     def _route_pool_log(self) -> None:
         """In this task (and the pool's workers it starts), psycopg_pool logs at DEBUG."""
-        if self._owns_client and self._pool is not None:
+        if self._route_log:
             _calls.ROUTE_POOL_LOG.set(True)
 
     async def _close_client(self) -> None:
@@ -379,26 +404,31 @@ class PostgresLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        return await self._run(
-            lambda: _calls.acquire(self._sql, key, owner, ttl_ms), key, write=True
+        return await self._call_detached(
+            self._attempt(lambda: _calls.acquire(self._sql, key, owner, ttl_ms), True), key
         )
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
-        return await self._run(lambda: _calls.owner(self._sql, key), key)
+        return await self._call_detached(
+            self._attempt(lambda: _calls.owner(self._sql, key), False), key
+        )
 
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        await self._run(
-            lambda: _calls.release(self._sql, key, owner, self._channel), key, write=True
+        await self._call_detached(
+            self._attempt(lambda: _calls.release(self._sql, key, owner, self._channel), True),
+            key,
         )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        return await self._run(lambda: _calls.renew(self._sql, key, owner, ttl_ms), key, write=True)
+        return await self._call_detached(
+            self._attempt(lambda: _calls.renew(self._sql, key, owner, ttl_ms), True), key
+        )
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew many leases in one statement (``leasekit.backend.SupportsRenewMany``).

@@ -174,7 +174,7 @@ class PostgresSyncLeaseProvider(SyncBackendProvider):
                 lost = conn is not None and (conn.closed or conn.broken)
                 if retried or not idempotent or not lost:
                     raise
-                # As _calls.run_pooled: a dead connection (server restart, a proxy
+                # As the async provider's _attempt: a dead connection (server restart, a proxy
                 # dropping idle links); let the pool replace it, run once more.
                 log.info("connection lost (%s); retrying once on a fresh one", exc)
                 retried = True

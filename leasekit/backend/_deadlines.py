@@ -34,7 +34,13 @@ class Overdue(Exception):
 
 
 class _Open:
-    """One operation in flight: what to stop at its deadline, and whether it ran out."""
+    """One operation in flight: what to stop at its deadline, and whether it ran out.
+
+    ``cancelling`` counts the cancellations already requested of ``task`` when the
+    operation began (asyncio.timeout's bookkeeping): a deadline's own cancel is taken
+    back only if it is the one that arrived, so a cancel from elsewhere still
+    propagates as ``CancelledError``.
+    """
 
     __slots__ = ("cancelling", "closed", "deadline", "expired", "task", "waiter")
 
@@ -43,25 +49,32 @@ class _Open:
         deadline: float,
         task: asyncio.Task[Any] | None,
         waiter: asyncio.Future[Any] | None,
+        cancelling: int,
     ) -> None:
         self.deadline = deadline
         self.task = task
         self.waiter = waiter
-        # Cancellations already requested when the operation began (asyncio.timeout's
-        # bookkeeping): a deadline's own cancel is taken back only if it is the one that
-        # arrived, so a cancel from elsewhere still propagates as CancelledError.
-        self.cancelling = 0
-        if sys.version_info >= (3, 11) and task is not None:
-            self.cancelling = task.cancelling()
+        self.cancelling = cancelling
         self.closed = False
         self.expired = False
+
+    def cancel_requested(self) -> bool:
+        """Whether the timed task was asked to cancel (by anyone) since the operation began."""
+        if sys.version_info >= (3, 11) and self.task is not None:
+            return self.task.cancelling() > self.cancelling
+        return False
 
 
 _UNCANCEL = sys.version_info >= (3, 11)  # Task.uncancel() exists from 3.11
 
 
 class Deadlines:
-    """The deadline of every operation in flight of one provider, on a single timer."""
+    """The deadline of every operation in flight of one provider, on a single timer.
+
+    :meth:`open` and :meth:`close` run for every operation, so they do only what they
+    must: no timer is armed or cancelled per operation, only a record appended to (and
+    later dropped from the front of) a FIFO.
+    """
 
     __slots__ = ("_loop", "_open", "_timer", "timeout_s")
 
@@ -82,19 +95,29 @@ class Deadlines:
         ``None`` (Python 3.10, or outside a task) means the caller must bound the call
         another way: :meth:`start` with a waiter, or ``asyncio.wait_for``.
         """
-        if not _UNCANCEL:
+        if sys.version_info < (3, 11):
             return None
         task = asyncio.current_task()
         if task is None:
             return None
-        watch = _Open(0.0, task, None)
-        self._push(task.get_loop(), watch)
+        loop = task.get_loop()
+        if loop is not self._loop:
+            self._switch(loop)
+        watch = _Open(loop.time() + self.timeout_s, task, None, task.cancelling())
+        self._open.append(watch)
+        if self._timer is None:
+            self._timer = loop.call_at(watch.deadline, self._expire, loop)
         return watch
 
     def start(self, waiter: asyncio.Future[Any]) -> _Open:
         """Time ``waiter``: it fails with :class:`Overdue` at the deadline unless done."""
-        watch = _Open(0.0, None, waiter)
-        self._push(waiter.get_loop(), watch)
+        loop = waiter.get_loop()
+        if loop is not self._loop:
+            self._switch(loop)
+        watch = _Open(loop.time() + self.timeout_s, None, waiter, 0)
+        self._open.append(watch)
+        if self._timer is None:
+            self._timer = loop.call_at(watch.deadline, self._expire, loop)
         return watch
 
     def close(self, watch: _Open | None) -> bool:
@@ -105,20 +128,14 @@ class Deadlines:
         pending = self._open
         while pending and pending[0].closed:
             pending.popleft()
-        if sys.version_info >= (3, 11) and watch.expired and watch.task is not None:
+        if watch.expired and sys.version_info >= (3, 11) and watch.task is not None:
             return bool(watch.task.uncancel() <= watch.cancelling)
         return False
 
-    def _push(self, loop: asyncio.AbstractEventLoop, watch: _Open) -> None:
-        if loop is not self._loop:  # first use, or the provider now runs on another loop
-            self._loop, self._open, self._timer = loop, deque(), None
-        watch.deadline = loop.time() + self.timeout_s
-        pending = self._open
-        while pending and pending[0].closed:
-            pending.popleft()
-        pending.append(watch)
-        if self._timer is None:
-            self._timer = loop.call_at(watch.deadline, self._expire, loop)
+    def _switch(self, loop: asyncio.AbstractEventLoop) -> None:
+        # First use, or the provider now runs on another loop: what was open on the old
+        # one is forgotten (its timer, if it ever fires, finds itself stale).
+        self._loop, self._open, self._timer = loop, deque(), None
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         if loop is not self._loop:

@@ -14,7 +14,8 @@ reply parsing and capabilities. What it gets:
   timer (:class:`~leasekit.backend.Deadlines`), and maps the driver's errors through
   the class's :attr:`~BackendProvider.errors` table.
 - :meth:`~BackendProvider._call_detached` for drivers that cannot be cancelled
-  promptly: the call runs in its own task and is abandoned at the deadline.
+  promptly: the call runs in the caller's task (no task or loop iteration of its own)
+  and is abandoned at the deadline, to unwind in the background.
 - :meth:`~BackendProvider._spawn` for background work (a sweep, a revoke) that
   ``aclose`` drains within ``timeout_s``.
 - a ``repr`` built from :meth:`~BackendProvider._describe`, which must hold no secret
@@ -24,8 +25,10 @@ reply parsing and capabilities. What it gets:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
-from collections.abc import Awaitable, Coroutine
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
@@ -139,18 +142,70 @@ class BackendProvider:
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
-    async def _call_detached(
+    @types.coroutine
+    def _call_detached(  # noqa: PLR0912 (one frame per call: this is every call's hot path)
         self, coroutine: Coroutine[Any, Any, _T], key: str | None = None
-    ) -> _T:
-        """Run ``coroutine`` in its own task; at the deadline, raise without waiting for it.
+    ) -> Generator[Any, Any, _T]:
+        """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
 
-        The abandoned task is cancelled and finishes in the background (``aclose``
-        waits for it within ``timeout_s``); its outcome is discarded. For drivers whose
-        cancellation waits on the server, or a thread that cannot be interrupted.
+        For drivers whose cancellation waits on the server (psycopg sends a cancel
+        request and waits for the query to end), or that cannot be cancelled at all.
+        The coroutine runs in the caller's task, in a copy of its context (as a task of
+        its own would), with no task or loop iteration of its own: each step is handed
+        on, as ``await`` does. Only when the caller's task is cancelled (the deadline
+        does that, or anyone else) is the coroutine handed to a background task, where
+        it unwinds from the cancellation as slowly as it must (``aclose`` waits for it
+        within ``timeout_s``) and its outcome is discarded; the caller goes on at once.
+        A failure or cancellation of a future the coroutine awaits, without its task
+        being cancelled, is the coroutine's own business and is thrown into it.
         """
         if self._closing:
             coroutine.close()
             raise LeaseProviderClosed(backend=self.backend)
+        deadlines = self._deadlines
+        watch = deadlines.open()
+        if watch is None:  # Python 3.10, or called outside a task
+            return (yield from self._call_in_task(coroutine, key).__await__())
+        self._inflight += 1
+        try:
+            context = contextvars.copy_context()
+            run = context.run
+            step: Callable[[Any], Any] = coroutine.send
+            argument: Any = None
+            while True:
+                try:
+                    yielded = run(step, argument)
+                except StopIteration as stop:
+                    result: _T = stop.value
+                    return result
+                try:
+                    argument = yield yielded
+                except GeneratorExit:
+                    coroutine.close()
+                    raise
+                except asyncio.CancelledError as exc:
+                    if watch.cancel_requested():
+                        self._abandon_coroutine(coroutine, context)
+                        raise
+                    step, argument = coroutine.throw, exc
+                except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
+                    step, argument = coroutine.throw, exc
+                else:
+                    step = coroutine.send
+        except asyncio.CancelledError:
+            if deadlines.close(watch):
+                raise self._timeout(key) from None
+            raise
+        except self.errors.types as exc:
+            raise self.errors.translate(exc, key=key, where=self._where()) from exc
+        finally:
+            deadlines.close(watch)
+            self._inflight -= 1
+            if not self._inflight and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
+
+    async def _call_in_task(self, coroutine: Coroutine[Any, Any, _T], key: str | None) -> _T:
+        """:meth:`_call_detached` where a task's own deadline cannot be used: a task per call."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[_T] = loop.create_future()
         task = loop.create_task(_settle(coroutine, waiter))
@@ -172,6 +227,16 @@ class BackendProvider:
             self._inflight -= 1
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
+
+    def _abandon_coroutine(
+        self, coroutine: Coroutine[Any, Any, Any], context: contextvars.Context
+    ) -> None:
+        """Cancel a detached call in a task of its own (in its context); ``aclose`` waits."""
+        loop = asyncio.get_running_loop()
+        task = context.run(loop.create_task, _Thrown(coroutine, asyncio.CancelledError()).run())
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+        task.add_done_callback(_consume_outcome)
 
     def _abandon(self, future: asyncio.Future[Any]) -> None:
         """Cancel a call nobody waits for any more; ``aclose`` waits for it to settle."""
@@ -253,6 +318,39 @@ class BackendProvider:
     def __repr__(self) -> str:
         parts = [self._describe()] + (["closed"] if self._closing else [])
         return f"{type(self).__name__}({', '.join(part for part in parts if part)})"
+
+
+class _Thrown:
+    """A coroutine resumed by throwing ``exc`` into it, then awaited as usual."""
+
+    __slots__ = ("_coroutine", "_exc")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], exc: BaseException) -> None:
+        self._coroutine = coroutine
+        self._exc = exc
+
+    async def run(self) -> Any:
+        """The coroutine's outcome, once it has unwound."""
+        return await self
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coroutine = self._coroutine
+        step: Callable[[Any], Any] = coroutine.throw
+        argument: Any = self._exc
+        while True:
+            try:
+                yielded = step(argument)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                argument = yield yielded
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
+                step, argument = coroutine.throw, exc
+            else:
+                step = coroutine.send
 
 
 async def _settle(coroutine: Coroutine[Any, Any, _T], waiter: asyncio.Future[_T]) -> None:
