@@ -283,9 +283,16 @@ class ServerProcess:
     # -- faults -------------------------------------------------------------------------
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections stay open and nothing answers."""
-        self._signal_group(self._require_process(), signal.SIGSTOP)
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers.
+
+        Returns once every thread of every process in the server's group has stopped:
+        ``killpg`` only queues the signal, and on a loaded machine a thread that is
+        running on the other core can still answer a request sent right after it.
+        """
+        process = self._require_process()
+        self._signal_group(process, signal.SIGSTOP)
         self._paused = True
+        _wait_stopped(process.pid)
 
     def resume(self) -> None:
         """Undo :meth:`pause` (SIGCONT)."""
@@ -1174,3 +1181,33 @@ class MariaDBServer(DataDirServer):
     @staticmethod
     def find_install_db() -> str | None:
         return find_binary("mariadb-install-db") or find_binary("mysql_install_db")
+
+
+def _wait_stopped(pgid: int, limit_s: float = 10.0) -> None:
+    """Wait until every thread of process group ``pgid`` is stopped (Linux ``/proc``)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(state in "Tt" for state in _group_thread_states(proc, pgid)):
+            return
+        time.sleep(0.001)
+
+
+def _group_thread_states(proc: Path, pgid: int) -> list[str]:
+    states: list[str] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:  # after the name: state, ppid, pgrp
+                continue
+            states.extend(
+                (task / "stat").read_text().rpartition(")")[2].split()[0]
+                for task in (entry / "task").iterdir()
+            )
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return states
