@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler, open_tooz
 
 __all__ = ["BENCH"]
 
@@ -106,30 +106,11 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
 # -- tooz -----------------------------------------------------------------------------------
 
 
-class _ToozCycler:
-    def __init__(self, coordinator: Any) -> None:
-        self._coordinator = coordinator
-
-    def cycle(self, key: str, owner: str) -> bool:
-        lock = self._coordinator.get_lock(key.encode())
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-        return True
-
-    def close(self) -> None:
-        self._coordinator.stop()
-
-
 def _open_tooz(target: BenchTarget) -> SyncCycler:
-    from tooz import coordination  # noqa: PLC0415
-
     # tooz reads user, password, host, port and the database from the URL.
     parts = urlsplit(target.url)
     url = urlunsplit(("mysql", parts.netloc, parts.path or "/mysql", "", ""))
-    coordinator = coordination.get_coordinator(url, target.namespace.encode())
-    coordinator.start(start_heart=False)
-    return _ToozCycler(coordinator)
+    return open_tooz(url, target.namespace.encode())
 
 
 # -- around the run -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
+from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler, open_tooz
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -113,33 +113,14 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
 # -- tooz -----------------------------------------------------------------------------------
 
 
-class _ToozCycler:
-    def __init__(self, coordinator: Any) -> None:
-        self._coordinator = coordinator
-
-    def cycle(self, key: str, owner: str) -> bool:
-        lock = self._coordinator.get_lock(key.encode())
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-        return True
-
-    def close(self) -> None:
-        self._coordinator.stop()
-
-
 def _open_tooz(target: BenchTarget) -> SyncCycler:
-    from tooz import coordination  # noqa: PLC0415
-
     # tooz reads host, port, user, password and the database from the URL, nothing else.
     parts = urlsplit(target.url)
     url = urlunsplit(("postgresql", parts.netloc, parts.path, "", ""))
     with warnings.catch_warnings():
         # "PostgreSQL driver is deprecated": true, and not the reader's concern here.
         warnings.simplefilter("ignore", DeprecationWarning)
-        coordinator = coordination.get_coordinator(url, target.namespace.encode())
-    coordinator.start(start_heart=False)
-    return _ToozCycler(coordinator)
+        return open_tooz(url, target.namespace.encode())
 
 
 # -- around the run -------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from leasekit.bench import (
     Contender,
     SchemeBench,
     SyncCycler,
+    open_tooz,
 )
 
 if TYPE_CHECKING:
@@ -223,21 +224,6 @@ def _open_redis_lock(target: BenchTarget) -> SyncCycler:
 # -- tooz -----------------------------------------------------------------------------------
 
 
-class _ToozCycler:
-    def __init__(self, coordinator: Any) -> None:
-        self._coordinator = coordinator
-
-    def cycle(self, key: str, owner: str) -> bool:
-        lock = self._coordinator.get_lock(key.encode())
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-        return True
-
-    def close(self) -> None:
-        self._coordinator.stop()
-
-
 def _tooz_url(target: BenchTarget) -> str:
     """tooz's redis URL for ``target.url``: host and port, the db and TLS as options."""
     settings = _settings(target)
@@ -254,12 +240,8 @@ def _tooz_url(target: BenchTarget) -> str:
 
 
 def _open_tooz(target: BenchTarget) -> SyncCycler:
-    from tooz import coordination  # noqa: PLC0415
-
     # The member id carries the run's namespace, so cleanup finds tooz's own keys too.
-    coordinator = coordination.get_coordinator(_tooz_url(target), target.namespace.encode())
-    coordinator.start(start_heart=False)
-    return _ToozCycler(coordinator)
+    return open_tooz(_tooz_url(target), target.namespace.encode())
 
 
 # -- around the run -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ._model import (
     SchemeBench,
     SyncCycler,
 )
+from ._peers import open_tooz
 from ._report import render_json, render_table
 from ._runner import LEASEKIT, LEASEKIT_SYNC, run_bench
 from ._schemes import ENTRY_POINT_GROUP, register_scheme, scheme_bench
@@ -42,6 +43,7 @@ __all__ = [
     "Scenario",
     "SchemeBench",
     "SyncCycler",
+    "open_tooz",
     "register_scheme",
     "render_json",
     "render_table",
