@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 from leasekit import LeaseBackendError, LeaseProvider, LeaseResult
@@ -158,12 +159,21 @@ class LoopTurns:
 
     Latency in loop turns is what the code controls; latency in milliseconds is what
     the machine's load adds on top. Tests assert the former.
+
+    ``count`` is the ticking task's step count. ``between()`` uses the loop's own turn
+    boundaries instead: the time each turn's poll for I/O returned, which is just
+    before the turn collects its due timers. A ticking task's step is not a turn
+    boundary: on a loaded machine the process can be preempted between the turn's start
+    and the tick, so a tick can fall after a deadline whose timer that turn did not yet
+    see as due, and a one-turn delay would be counted as two.
     """
 
     def __init__(self) -> None:
         self.count = 0
-        self.times: list[float] = []  # time.monotonic() at each turn
+        self.times: list[float] = []  # time.monotonic() at each tick
+        self.starts: list[float] = []  # time.monotonic() as each turn polled for I/O
         self._task: asyncio.Task[None] | None = None
+        self._selector: Any = None
 
     async def _tick(self) -> None:
         while True:
@@ -172,10 +182,30 @@ class LoopTurns:
             await asyncio.sleep(0)
 
     def between(self, start: float, end: float) -> int:
-        """How many turns began at or after ``start`` and before ``end``."""
-        return sum(1 for t in self.times if start <= t < end)
+        """How many loop turns began at or after ``start`` and before ``end``."""
+        starts = self.starts if self._selector is not None else self.times
+        return sum(1 for t in starts if start <= t < end)
+
+    def _watch_turns(self) -> None:
+        # asyncio's selector loops call their selector's select() once per turn, before
+        # they look at the timers; record when each call returns. (Other loops, uvloop
+        # for one, fall back to the ticks.)
+        selector = getattr(asyncio.get_running_loop(), "_selector", None)
+        if selector is None or not callable(getattr(selector, "select", None)):
+            return
+        select = selector.select
+        starts = self.starts
+
+        def watched(timeout: float | None = None) -> Any:
+            events = select(timeout)
+            starts.append(time.monotonic())
+            return events
+
+        selector.select = watched
+        self._selector = selector
 
     async def __aenter__(self) -> LoopTurns:
+        self._watch_turns()
         self._task = asyncio.create_task(self._tick())
         return self
 
@@ -183,6 +213,9 @@ class LoopTurns:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait([self._task])
+        if self._selector is not None:
+            del self._selector.select  # the class's own method again
+            self._selector = None
 
 
 class FreezableProxy:
