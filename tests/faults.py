@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from leasekit import LeaseBackendError, LeaseProvider, LeaseResult
 
