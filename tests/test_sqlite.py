@@ -422,3 +422,48 @@ async def test_operations_after_close_raise_provider_closed(db_path: Path) -> No
     with pytest.raises(leasekit.LeaseProviderClosed):
         await provider.get_lease_owner("k")
     await provider.aclose()  # idempotent
+
+
+# -- statements per operation -------------------------------------------------------------
+
+
+async def test_each_operation_runs_one_statement_and_a_denial_two(db_path: Path) -> None:
+    # The deciding statement alone, in autocommit (it takes the write lock as BEGIN
+    # IMMEDIATE would): no BEGIN/COMMIT around it and no busy_timeout PRAGMA before it
+    # while the one already set still fits the call's deadline.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000) as provider:
+        assert (await provider.acquire_lease("warm", "a", 60_000)).acquired
+        statements: list[str] = []
+        assert provider._conn is not None
+        provider._conn.set_trace_callback(statements.append)
+
+        async def run(operation: Callable[[], object]) -> list[str]:
+            statements.clear()
+            await operation()  # type: ignore[misc]
+            return [" ".join(s.split()[:3]) for s in statements]  # verb and table
+
+        assert await run(lambda: provider.acquire_lease("k", "a", 60_000)) == [
+            "INSERT INTO leasekit_leases"
+        ]
+        assert await run(lambda: provider.renew_lease("k", "a", 60_000)) == [
+            "UPDATE leasekit_leases SET"
+        ]
+        assert await run(lambda: provider.transfer_lease("k", "a", "b", 60_000)) == [
+            "UPDATE leasekit_leases SET"
+        ]
+        denied = await provider.acquire_lease("k", "c", 60_000)
+        assert (denied.acquired, denied.owner) == (False, "b")
+        assert await run(lambda: provider.acquire_lease("k", "c", 60_000)) == [
+            "INSERT INTO leasekit_leases",
+            "SELECT owner FROM",
+        ]
+        assert await run(lambda: provider.release_lease("k", "b")) == ["UPDATE leasekit_leases SET"]
+        assert await provider.get_lease_owner("k") is None
+        # Still atomic where it takes several statements: the sweep.
+        assert await run(provider.sweep) == [
+            "BEGIN IMMEDIATE",
+            "SELECT CAST((julianday('now') -",
+            "UPDATE leasekit_meta SET",
+            "DELETE FROM leasekit_leases",
+            "COMMIT",
+        ]

@@ -182,6 +182,8 @@ class SQLiteLeaseProvider(BackendProvider):
         self._sweep_batch: int = settings["sweep_batch"]
         self._writes = 0
         self._conn: sqlite3.Connection | None = None
+        self._busy_conn: sqlite3.Connection | None = None  # whose busy_timeout is _busy_ms
+        self._busy_ms = 0
         self._shut = False  # set in the thread once the connection is closed for good
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
@@ -294,14 +296,19 @@ class SQLiteLeaseProvider(BackendProvider):
             )
         return exc
 
-    @staticmethod
-    def _set_busy_timeout(conn: sqlite3.Connection, deadline: float) -> None:
+    def _set_busy_timeout(self, conn: sqlite3.Connection, deadline: float) -> None:
         # SQLite waits for another connection's write lock at most this long: never past
-        # the caller's deadline, so the thread is free for the next call by then.
+        # the caller's deadline, so the thread is free for the next call by then. The
+        # PRAGMA is a statement of its own, so the setting is kept while it is at most
+        # the time left and within 1% (or 5 ms) of it: one call after another, as
+        # usual, needs none.
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             raise DatabaseLocked("the call's deadline passed while it waited for the thread")
+        if conn is self._busy_conn and left_ms - max(5, left_ms // 100) <= self._busy_ms <= left_ms:
+            return
         conn.execute(f"PRAGMA busy_timeout = {left_ms}")
+        self._busy_conn, self._busy_ms = conn, left_ms
 
     _transaction = staticmethod(_work.transaction)
 
@@ -334,6 +341,10 @@ class SQLiteLeaseProvider(BackendProvider):
         else:
             self._set_busy_timeout(self._conn, deadline)
         conn = self._conn
+        if conn.in_transaction:
+            # Left open by a ROLLBACK that failed: the autocommit statements would run
+            # inside it and never commit.
+            conn.execute("ROLLBACK")
         return self._retry_busy(lambda: work(conn), deadline)
 
     async def _in_executor(self, work: Callable[[sqlite3.Connection], _T]) -> _T:

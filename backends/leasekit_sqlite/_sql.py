@@ -13,10 +13,13 @@ table above every token it deletes; a key inserted afresh starts at
 ``token_floor + 1``. Together: every token for a key is strictly greater than all
 tokens issued for it before, across release, expiry, sweeps and restarts.
 
-Each write runs inside ``BEGIN IMMEDIATE``, which takes SQLite's single write lock
-up front: the statement that decides (an UPSERT or UPDATE with the ownership
-condition in its ``WHERE``) therefore sees and changes the row with no other writer
-in between, in this process or any other.
+Each operation is decided by one statement (an UPSERT or UPDATE with the ownership
+condition in its ``WHERE``). Run alone in autocommit, a write statement is its own
+transaction and takes SQLite's single write lock before it reads, as ``BEGIN
+IMMEDIATE`` does; where several statements belong together (a denied acquire and the
+holder it reads, the sweep, a batch of renewals) they run inside ``BEGIN IMMEDIATE``.
+Either way the deciding statement sees and changes the row with no other writer in
+between, in this process or any other.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Each operation as work on a ``sqlite3`` connection, shared by the async and blocking providers.
 
 A builder validates its arguments (before any I/O) and returns a function of a
-connection that runs the whole operation: ``BEGIN IMMEDIATE``, the deciding statement
-(``_sql``), ``COMMIT``. The async provider runs it in its thread; the blocking one in
-the caller's thread, one at a time. Neither has a copy of its own.
+connection that runs the whole operation. The connection is in autocommit
+(``isolation_level=None``): an operation that is one write statement runs as just
+that statement, which SQLite runs as its own transaction and which takes the file's
+write lock before it reads anything, exactly as ``BEGIN IMMEDIATE`` would; only what
+needs several statements together (a denied acquire reading its holder, a batch of
+renewals) opens ``BEGIN IMMEDIATE`` ... ``COMMIT``. The async provider runs the work
+in its thread; the blocking one in the caller's thread, one at a time. Neither has a
+copy of its own.
 """
 
 from __future__ import annotations
@@ -39,30 +44,45 @@ def transaction(conn: sqlite3.Connection, body: Callable[[], _T]) -> _T:
 
 
 def _changed(statement: str, params: dict[str, Any]) -> Work[bool]:
-    def work(conn: sqlite3.Connection) -> bool:
-        return _sql.changed(transaction(conn, lambda: conn.execute(statement, params).rowcount))
-
-    return work
+    # One UPDATE in autocommit: atomic by itself, with the write lock from its start.
+    return lambda conn: _sql.changed(conn.execute(statement, params).rowcount)
 
 
 def acquire(key: str, owner: str, ttl_ms: int) -> Work[LeaseResult]:
-    """Take ``key`` for ``owner``; the holder, read in the same transaction, if denied."""
+    """Take ``key`` for ``owner``; if denied, a live holder that denies it."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
 
-    def work(conn: sqlite3.Connection) -> LeaseResult:
-        def body() -> LeaseResult:
-            grant = _sql.granted(conn.execute(_sql.ACQUIRE, params).fetchone(), owner)
-            if grant is not None:
-                return grant
-            # Same transaction, so the holder seen here is the one that denied us.
-            return _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
+    def in_one_transaction(conn: sqlite3.Connection) -> LeaseResult:
+        grant = _sql.granted(_first(conn.execute(_sql.ACQUIRE, params).fetchall()), owner)
+        if grant is not None:
+            return grant
+        # Same transaction, so the holder seen here is the one that denied us.
+        return _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
 
-        return transaction(conn, body)
+    def work(conn: sqlite3.Connection) -> LeaseResult:
+        # The common cases in one statement: ACQUIRE alone decides (fetchall() runs it
+        # to completion, so its autocommit transaction ends here).
+        grant = _sql.granted(_first(conn.execute(_sql.ACQUIRE, params).fetchall()), owner)
+        if grant is not None:
+            return grant
+        # Denied: a live holder other than us had the row. Reading it in a statement of
+        # its own is still a true answer when it names a live holder other than us: an
+        # acquire at that moment would have been denied by it, and the denied ACQUIRE
+        # wrote nothing. Freed in between, or now held by this owner (another call of
+        # ours), it is decided again, both statements in one transaction.
+        holder = _sql.holder_from(conn.execute(_sql.OWNER, params).fetchone())
+        if holder is not None and holder != owner:
+            return LeaseResult(False, holder, None)
+        return transaction(conn, lambda: in_one_transaction(conn))
 
     return work
+
+
+def _first(rows: list[Any]) -> Any:
+    return rows[0] if rows else None
 
 
 def owner(key: str) -> Work[str | None]:
