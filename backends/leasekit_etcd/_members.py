@@ -54,7 +54,7 @@ _T = TypeVar("_T")
 # How often wait_connected looks at a connecting channel's state.
 _STATE_POLL_S = 0.005
 # How long ``close`` lets gRPC deliver the last events of calls that were cancelled
-# (by a deadline, or by closing the channel under them). A cancelled call's final batch
+# or failed (by a deadline, a reset stream, or closing the channel under them). A cancelled call's final batch
 # completes in gRPC's core at once, but reaches this event loop through gRPC's poller
 # thread; if the loop closes first, gRPC forwards it to the closed loop later, from
 # whatever loop runs gRPC next, and that loop reports "Event loop is closed".
@@ -265,7 +265,7 @@ class Members:
         self._pinned = 0
         self.last_failure: str | None = None
         self._in_flight = 0
-        self._cancelled_at: float | None = None
+        self._cut_off_at: float | None = None
         self.streams_opened = False
         """Set by a caller that opened a stream of its own (a watch) on a member's channel."""
 
@@ -350,9 +350,13 @@ class Members:
                     await member.authenticate(remaining)
                 return await invoke(member.stubs, member.metadata, remaining)
             except asyncio.CancelledError:
-                self._cancelled_at = loop.time()
+                self._cut_off_at = loop.time()
                 raise
             except _rpc.AioRpcError as exc:
+                # A call that failed (its gRPC deadline passed, its stream was reset) may
+                # still owe this loop completions of its other operations, as a
+                # cancelled one does.
+                self._cut_off_at = loop.time()
                 # An expired token is refused before anything is applied: renew, repeat.
                 if tries == 0 and _is_expired_token(exc) and member.authenticates:
                     member.forget_token()
@@ -365,8 +369,8 @@ class Members:
     async def close(self) -> None:
         """Close every channel, then let gRPC deliver what the cancelled calls still owe.
 
-        Closing a channel cancels the calls still on it; a call a deadline cancelled
-        moments ago is in the same state. Both are given ``_SETTLE_S`` on this event
+        Closing a channel cancels the calls still on it; a call that a deadline
+        cancelled, or that failed, moments ago is in the same state. Both are given ``_SETTLE_S`` on this event
         loop, so that no event of theirs outlives it.
         """
         loop = asyncio.get_running_loop()
@@ -374,8 +378,8 @@ class Members:
         for member in self.members:
             await member.close()
         settle_until = loop.time() + _SETTLE_S if cancelled else None
-        if self._cancelled_at is not None:
-            recent = self._cancelled_at + _SETTLE_S
+        if self._cut_off_at is not None:
+            recent = self._cut_off_at + _SETTLE_S
             settle_until = recent if settle_until is None else max(settle_until, recent)
         if settle_until is not None and settle_until > loop.time():
             await asyncio.sleep(settle_until - loop.time())
