@@ -54,10 +54,11 @@ _T = TypeVar("_T")
 # How often wait_connected looks at a connecting channel's state.
 _STATE_POLL_S = 0.005
 # How long ``close`` lets gRPC deliver the last events of calls that were cancelled
-# or failed (by a deadline, a reset stream, or closing the channel under them). A cancelled call's final batch
-# completes in gRPC's core at once, but reaches this event loop through gRPC's poller
-# thread; if the loop closes first, gRPC forwards it to the closed loop later, from
-# whatever loop runs gRPC next, and that loop reports "Event loop is closed".
+# or failed (by a deadline, a reset stream, or closing the channel under them). A
+# cancelled call's final batch completes in gRPC's core at once, but reaches this
+# event loop through gRPC's poller thread; if the loop closes first, gRPC forwards it
+# to the closed loop later, from whatever loop runs gRPC next, and that loop reports
+# "Event loop is closed".
 _SETTLE_S = 0.25
 
 Metadata = tuple[tuple[str, str], ...]
@@ -370,8 +371,8 @@ class Members:
         """Close every channel, then let gRPC deliver what the cancelled calls still owe.
 
         Closing a channel cancels the calls still on it; a call that a deadline
-        cancelled, or that failed, moments ago is in the same state. Both are given ``_SETTLE_S`` on this event
-        loop, so that no event of theirs outlives it.
+        cancelled, or that failed, moments ago is in the same state. Both are given
+        ``_SETTLE_S`` on this event loop, so that no event of theirs outlives it.
         """
         loop = asyncio.get_running_loop()
         cancelled = self._in_flight > 0 or self.streams_opened
