@@ -210,7 +210,7 @@ class Statements:
         self.renew_many = compose(
             """
             WITH item AS (
-                SELECT * FROM unnest(%(keys)s::bytea[], %(owners)s::bytea[], %(ttls_ms)s::int4[])
+                SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[], %(ttls_ms)b::int4[])
                     WITH ORDINALITY AS item (key, owner, ttl_ms, position)
             )
             UPDATE {table} AS lease
