@@ -17,8 +17,9 @@ import threading
 import time
 import uuid
 
-from leasekit._bench._core import BenchTarget
-from leasekit._bench._redis import BENCH
+from leasekit_redis._bench import BENCH
+
+from leasekit.bench import BenchTarget
 
 CONTENDERS = ("leasekit-sync", "redis-py-lock-sync", "redis-raw-sync")
 REFERENCE = "redis-py-lock-sync"
