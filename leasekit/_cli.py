@@ -474,7 +474,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ._bench import (  # noqa: PLC0415 (loaded for this command only)
+    from .bench import (  # noqa: PLC0415 (loaded for this command only)
         render_json,
         render_table,
         run_bench,

@@ -20,10 +20,7 @@ plugs one in from code, and :func:`run_bench` runs a benchmark in process.
 
 from __future__ import annotations
 
-from ._bench import (
-    ENTRY_POINT_GROUP,
-    LEASEKIT,
-    LEASEKIT_SYNC,
+from ._bench._model import (
     SCENARIOS,
     AsyncCycler,
     BenchReport,
@@ -33,13 +30,11 @@ from ._bench import (
     Scenario,
     SchemeBench,
     SyncCycler,
-    open_tooz,
-    register_scheme,
-    render_json,
-    render_table,
-    run_bench,
-    scheme_bench,
 )
+from ._bench._peers import open_tooz
+from ._bench._report import render_json, render_table
+from ._bench._runner import LEASEKIT, LEASEKIT_SYNC, run_bench
+from ._bench._schemes import ENTRY_POINT_GROUP, register_scheme, scheme_bench
 
 __all__ = [
     "ENTRY_POINT_GROUP",

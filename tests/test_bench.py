@@ -21,9 +21,9 @@ import pytest
 from servers import free_port
 
 import leasekit
-from leasekit._bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
 from leasekit._bench import _schemes as bench_schemes
 from leasekit._bench._handoff import run_handoff
+from leasekit.bench import SCENARIOS, BenchTarget, Contender, SchemeBench, run_bench
 
 SHORT = ("--seconds", "0.15")
 REPORT_KEYS = {
