@@ -54,20 +54,24 @@ class ScriptedProvider:
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
 
-    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        self.renew_calls += 1
+    async def _follow_script(self, failure: str, key: str | None = None) -> bool:
+        """Fail, hang or go on as scripted; whether the renewal is to be refused."""
         if self.fail_renewals > 0:
             self.fail_renewals -= 1
-            raise LeaseBackendError("injected failure", backend="scripted", key=key)
+            raise LeaseBackendError(failure, backend="scripted", key=key)
         if self.renew_mode == "fail":
-            raise LeaseBackendError("injected failure", backend="scripted", key=key)
+            raise LeaseBackendError(failure, backend="scripted", key=key)
         if self.renew_mode == "hang":
             self.hanging += 1
             try:
                 await asyncio.Event().wait()
             finally:
                 self.hanging -= 1
-        if self.renew_mode == "refuse":
+        return self.renew_mode == "refuse"
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        self.renew_calls += 1
+        if await self._follow_script("injected failure", key):
             return False
         renewed = await self.inner.renew_lease(key, owner, ttl_ms)
         self.renewed += renewed
@@ -93,18 +97,7 @@ class BatchingScriptedProvider(ScriptedProvider):
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(items))
         self.renew_calls += len(items)
-        if self.fail_renewals > 0:
-            self.fail_renewals -= 1
-            raise LeaseBackendError("injected batch failure", backend="scripted")
-        if self.renew_mode == "fail":
-            raise LeaseBackendError("injected batch failure", backend="scripted")
-        if self.renew_mode == "hang":
-            self.hanging += 1
-            try:
-                await asyncio.Event().wait()
-            finally:
-                self.hanging -= 1
-        if self.renew_mode == "refuse":
+        if await self._follow_script("injected batch failure"):
             return [False] * len(items)
         many = getattr(self.inner, "renew_leases", None)
         if callable(many):
