@@ -8,6 +8,7 @@ Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -1048,21 +1049,34 @@ async def test_a_flushed_script_cache_is_invisible_to_a_pipeline(
         await exercise_every_operation(p, "after")
 
 
+@contextlib.asynccontextmanager
+async def provider_of_kind(
+    client_kind: str, server: RedisServer, prefix: str, timeout_s: float
+) -> AsyncIterator[RedisLeaseProvider]:
+    """An open provider built from the URL (``built``) or on a caller's client (``callers``)."""
+    if client_kind == "built":
+        async with RedisLeaseProvider.from_url(
+            server.url, prefix=prefix, timeout_s=timeout_s
+        ) as provider:
+            yield provider
+        return
+    # redis-py's defaults: no socket timeout, so only the provider's bound helps.
+    client = redis.asyncio.Redis(host=server.host, port=server.port)
+    try:
+        async with RedisLeaseProvider(client, prefix=prefix, timeout_s=timeout_s) as provider:
+            yield provider
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.parametrize("client_kind", ["built", "callers"])
 async def test_a_paused_server_gives_every_caller_in_a_pipeline_a_timeout(
     private_redis_server: RedisServer, redis_prefix: str, client_kind: str
 ) -> None:
     timeout_s = 0.5
-    client = None
-    if client_kind == "built":
-        provider = RedisLeaseProvider.from_url(
-            private_redis_server.url, prefix=redis_prefix, timeout_s=timeout_s
-        )
-    else:
-        # redis-py's defaults: no socket timeout, so only the provider's bound helps.
-        client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
-        provider = RedisLeaseProvider(client, prefix=redis_prefix, timeout_s=timeout_s)
-    async with provider:
+    async with provider_of_kind(
+        client_kind, private_redis_server, redis_prefix, timeout_s
+    ) as provider:
         await asyncio.gather(*(exercise_every_operation(provider, f"warm{i}") for i in range(4)))
         pipelines = pipelines_written(provider)
         private_redis_server.pause()
@@ -1078,8 +1092,6 @@ async def test_a_paused_server_gives_every_caller_in_a_pipeline_a_timeout(
             assert isinstance(result, leasekit.LeaseBackendTimeout), result
             assert result.key == f"k{i}"
         await exercise_every_operation(provider, "after-pause")
-    if client is not None:
-        await client.aclose()
 
 
 async def test_a_dead_server_fails_every_caller_in_a_pipeline_as_unreachable(
@@ -1210,17 +1222,10 @@ async def test_a_paused_server_is_a_timeout_within_timeout_s_then_recovers(
     private_redis_server: RedisServer, redis_prefix: str, client_kind: str
 ) -> None:
     timeout_s = 0.5
-    client = None
-    if client_kind == "built":
-        provider = RedisLeaseProvider.from_url(
-            private_redis_server.url, prefix=redis_prefix, timeout_s=timeout_s
-        )
-    else:
-        # redis-py's defaults: no socket timeout, so only the provider's bound helps.
-        client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
-        provider = RedisLeaseProvider(client, prefix=redis_prefix, timeout_s=timeout_s)
     loop = asyncio.get_running_loop()
-    async with provider:
+    async with provider_of_kind(
+        client_kind, private_redis_server, redis_prefix, timeout_s
+    ) as provider:
         assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
         private_redis_server.pause()
         try:
@@ -1243,8 +1248,6 @@ async def test_a_paused_server_is_a_timeout_within_timeout_s_then_recovers(
         # The last write may or may not have run once the server woke; either is fine.
         assert await provider.get_lease_owner("k") in ("a", "b")
         await exercise_every_operation(provider, "after-pause")
-    if client is not None:
-        await client.aclose()
 
 
 async def test_async_with_on_a_paused_server_is_a_timeout_within_timeout_s(
