@@ -114,6 +114,51 @@ def _import_target(target: str) -> object:
     return obj
 
 
+def import_plugin(
+    target: str,
+    *,
+    subject: str,
+    described: str,
+    scheme: str,
+    distribution: str | None,
+    extras: tuple[str, ...] = (),
+) -> object:
+    """Import an entry point's ``module:attr``; any failure is a BackendUnavailable.
+
+    ``subject`` names what is imported in messages ("backend 'redis'"), ``described``
+    where it comes from. A missing module is told apart: the plugin's own (a broken
+    install) or one of its dependencies, with the ``pip install`` that adds it.
+    """
+    module = target.partition(":")[0].strip()
+    try:
+        return _import_target(target)
+    except BackendUnavailable:
+        raise  # the plugin already said what is missing and how to fix it
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "?"
+        if module == missing or module.startswith(missing + "."):
+            raise BackendUnavailable(
+                f"{subject} ({described}) is broken: its module {missing!r} is not "
+                "installed; reinstall the distribution",
+                scheme=scheme,
+            ) from exc
+        if distribution and extras:
+            fix = f"pip install '{distribution}[{','.join(extras)}]'"
+        elif distribution:
+            fix = f"install the dependencies of {distribution!r}"
+        else:
+            fix = f"install the package that provides {missing!r}"
+        raise BackendUnavailable(
+            f"{subject} ({described}) needs {missing!r}, which is not installed: {fix}",
+            scheme=scheme,
+        ) from exc
+    except Exception as exc:
+        raise BackendUnavailable(
+            f"{subject} ({described}) failed to import: {type(exc).__name__}: {exc}",
+            scheme=scheme,
+        ) from exc
+
+
 class BackendRegistry:
     """Maps URL schemes to backend classes. ``leasekit.connect`` uses one shared instance."""
 
@@ -219,35 +264,14 @@ class BackendRegistry:
         if isinstance(entry.target, type):
             obj: object = entry.target
         else:
-            module = entry.target.partition(":")[0].strip()
-            try:
-                obj = _import_target(entry.target)
-            except BackendUnavailable:
-                raise  # the plugin already said what is missing and how to fix it
-            except ModuleNotFoundError as exc:
-                missing = exc.name or "?"
-                if module == missing or module.startswith(missing + "."):
-                    raise BackendUnavailable(
-                        f"backend {entry.scheme!r} ({entry.describe()}) is broken: its "
-                        f"module {missing!r} is not installed; reinstall the distribution",
-                        scheme=entry.scheme,
-                    ) from exc
-                if entry.distribution and entry.extras:
-                    fix = f"pip install '{entry.distribution}[{','.join(entry.extras)}]'"
-                elif entry.distribution:
-                    fix = f"install the dependencies of {entry.distribution!r}"
-                else:
-                    fix = f"install the package that provides {missing!r}"
-                raise BackendUnavailable(
-                    f"backend {entry.scheme!r} needs {missing!r}, which is not installed: {fix}",
-                    scheme=entry.scheme,
-                ) from exc
-            except Exception as exc:
-                raise BackendUnavailable(
-                    f"backend {entry.scheme!r} ({entry.describe()}) failed to import: "
-                    f"{type(exc).__name__}: {exc}",
-                    scheme=entry.scheme,
-                ) from exc
+            obj = import_plugin(
+                entry.target,
+                subject=f"backend {entry.scheme!r}",
+                described=entry.describe(),
+                scheme=entry.scheme,
+                distribution=entry.distribution,
+                extras=entry.extras,
+            )
         if not isinstance(obj, type) or not callable(getattr(obj, "from_url", None)):
             raise BackendUnavailable(
                 f"backend {entry.scheme!r} ({entry.describe()}) is not a class with a "

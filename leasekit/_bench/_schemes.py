@@ -16,12 +16,11 @@ instead, ahead of any entry point.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from importlib import metadata
 
 from .._errors import BackendUnavailable
-from .._registry import normalize_scheme
+from .._registry import import_plugin, normalize_scheme
 from ._model import SchemeBench
 
 __all__ = ["ENTRY_POINT_GROUP", "register_scheme", "scheme_bench"]
@@ -96,39 +95,14 @@ def scheme_bench(scheme: str) -> SchemeBench:
 
 
 def _load(scheme: str, claim: _Claim) -> SchemeBench:
-    module_name, _, attribute = claim.target.partition(":")
-    try:
-        bench: object = importlib.import_module(module_name.strip())
-        for name in filter(None, attribute.strip().split(".")):
-            bench = getattr(bench, name)
-    except BackendUnavailable:
-        raise  # the backend already said what is missing and how to add it
-    except ModuleNotFoundError as exc:
-        missing = exc.name or "?"
-        module = module_name.strip()
-        if module == missing or module.startswith(missing + "."):
-            raise BackendUnavailable(
-                f"the benchmark of scheme {scheme!r} ({claim.describe()}) is broken: its "
-                f"module {missing!r} is not installed; reinstall the distribution",
-                scheme=scheme,
-            ) from exc
-        if claim.distribution and claim.extras:
-            fix = f"pip install '{claim.distribution}[{','.join(claim.extras)}]'"
-        elif claim.distribution:
-            fix = f"install the dependencies of {claim.distribution!r}"
-        else:
-            fix = f"install the package that provides {missing!r}"
-        raise BackendUnavailable(
-            f"the benchmark of scheme {scheme!r} ({claim.describe()}) needs {missing!r}, "
-            f"which is not installed: {fix}",
-            scheme=scheme,
-        ) from exc
-    except Exception as exc:
-        raise BackendUnavailable(
-            f"the benchmark of scheme {scheme!r} ({claim.describe()}) failed to import: "
-            f"{type(exc).__name__}: {exc}",
-            scheme=scheme,
-        ) from exc
+    bench = import_plugin(
+        claim.target,
+        subject=f"the benchmark of scheme {scheme!r}",
+        described=claim.describe(),
+        scheme=scheme,
+        distribution=claim.distribution,
+        extras=claim.extras,
+    )
     if not isinstance(bench, SchemeBench):
         raise BackendUnavailable(
             f"the benchmark of scheme {scheme!r} ({claim.describe()}) is not a "
