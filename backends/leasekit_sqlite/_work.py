@@ -55,19 +55,20 @@ def acquire(key: str, owner: str, ttl_ms: int) -> Work[LeaseResult]:
     validate_ttl_ms(ttl_ms)
     params = {**_sql.key_params(key, owner=owner), "ttl_ms": ttl_ms}
 
+    def grant(conn: sqlite3.Connection) -> LeaseResult | None:
+        # fetchall() runs the statement to completion, so in autocommit its
+        # transaction ends here.
+        return _sql.granted(_first(conn.execute(_sql.ACQUIRE, params).fetchall()), owner)
+
     def in_one_transaction(conn: sqlite3.Connection) -> LeaseResult:
-        grant = _sql.granted(_first(conn.execute(_sql.ACQUIRE, params).fetchall()), owner)
-        if grant is not None:
-            return grant
         # Same transaction, so the holder seen here is the one that denied us.
-        return _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
+        return grant(conn) or _sql.denied(conn.execute(_sql.OWNER, params).fetchone())
 
     def work(conn: sqlite3.Connection) -> LeaseResult:
-        # The common cases in one statement: ACQUIRE alone decides (fetchall() runs it
-        # to completion, so its autocommit transaction ends here).
-        grant = _sql.granted(_first(conn.execute(_sql.ACQUIRE, params).fetchall()), owner)
-        if grant is not None:
-            return grant
+        # The common cases in one statement: ACQUIRE alone decides.
+        granted = grant(conn)
+        if granted is not None:
+            return granted
         # Denied: a live holder other than us had the row. Reading it in a statement of
         # its own is still a true answer when it names a live holder other than us: an
         # acquire at that moment would have been denied by it, and the denied ACQUIRE
