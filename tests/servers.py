@@ -946,6 +946,16 @@ class EtcdServer(ServerProcess):
         assert isinstance(leases, list), reply
         return sorted(int(lease["ID"]) for lease in leases)
 
+    def lease_ttl(self, lease_id: int) -> tuple[int, int]:
+        """``(remaining, granted)`` seconds of an etcd lease (``LeaseTimeToLive``), as
+        the member reports them; ``remaining`` is -1 once the lease is gone."""
+        reply = etcd_http(self.host, self.port, "/v3/lease/timetolive", {"ID": lease_id})
+        return int(str(reply.get("TTL", -1))), int(str(reply.get("grantedTTL", 0)))
+
+    def revoke_lease(self, lease_id: int) -> None:
+        """Revoke an etcd lease behind every client's back, as an operator would."""
+        etcd_http(self.host, self.port, "/v3/lease/revoke", {"ID": lease_id})
+
     @property
     def url(self) -> str:
         return f"etcd://{self.host}:{self.port}"

@@ -103,6 +103,11 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {name: n for name, n in changed.items() if n}
 
 
+def client_calls(calls: dict[str, int]) -> dict[str, int]:
+    """``calls`` less the reads the test harness itself makes (lease lists and TTLs)."""
+    return {n: c for n, c in calls.items() if n not in ("LeaseLeases", "LeaseTimeToLive")}
+
+
 # -- registry, URLs and options --------------------------------------------------------------
 
 
@@ -483,6 +488,108 @@ async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_p
             settled = grpc_calls(private_etcd_server)
             measured.append((name, delta(returned, before), delta(settled, returned)))
     assert measured == ROUND_TRIPS
+
+
+async def test_a_warm_provider_acquires_a_free_key_in_one_round_trip(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """The etcd lease a release left empty is bound again by the next acquire, in its
+    one transaction: a cycle is two transactions, no grant and no revocation."""
+    server = private_etcd_server
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("k0", "a", 10_000)).acquired
+        await p.release_lease("k0", "a")
+        [idle] = server.lease_ids()
+        assert server.lease_ttl(idle)[1] == 11  # one second more than asked (reuse)
+        before = grpc_calls(server)
+        for i in range(20):
+            result = await p.acquire_lease(f"k{i % 3}", f"o{i}", 10_000)
+            assert result.acquired
+            assert server.lease_ids() == [idle]  # the record is on the idle lease
+            await p.release_lease(f"k{i % 3}", f"o{i}")
+        await asyncio.sleep(0)  # let any background revocation start
+        assert client_calls(delta(grpc_calls(server), before)) == {"Txn": 40}
+        # A different TTL takes a lease of its own, and never a longer one than asked.
+        before = grpc_calls(server)
+        assert (await p.acquire_lease("k0", "a", 20_000)).acquired
+        assert delta(grpc_calls(server), before) == {"LeaseGrant": 1, "Txn": 1}
+        [longer] = [lease for lease in server.lease_ids() if lease != idle]
+        assert server.lease_ttl(longer)[1] == 21
+        await p.release_lease("k0", "a")
+        await p.flush()  # revokes the idle ones
+        assert server.lease_ids() == []
+    assert server.lease_ids() == []
+
+
+async def test_reuse_leases_false_grants_the_exact_ttl_and_revokes_each_lease(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    server = private_etcd_server
+    url = f"{server.url}?reuse_leases=false"
+    async with leasekit.connect(url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("k", "a", 10_000)).acquired
+        [lease] = server.lease_ids()
+        assert server.lease_ttl(lease)[1] == 10
+        await p.release_lease("k", "a")
+        await p.flush()
+        assert server.lease_ids() == []  # revoked, not kept
+        before = grpc_calls(server)
+        assert (await p.acquire_lease("k", "b", 10_000)).acquired
+        await p.release_lease("k", "b")
+        await p.flush()
+        calls = client_calls(delta(grpc_calls(server), before))
+        assert calls == {"LeaseGrant": 1, "Txn": 2, "LeaseRevoke": 1}
+        assert server.lease_ids() == []
+
+
+async def test_an_idle_etcd_lease_with_less_than_the_ttl_left_is_not_bound(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Reuse never shortens a lease: once the server says an idle etcd lease has less
+    than the TTL left, the next acquire grants a fresh one, with the full TTL."""
+    server = private_etcd_server
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("k", "a", 2_000)).acquired
+        await p.release_lease("k", "a")
+        [idle] = server.lease_ids()
+        assert server.lease_ttl(idle)[1] == 3
+        while server.lease_ttl(idle)[0] >= 2:  # noqa: ASYNC110 (the server's count, whole s)
+            await asyncio.sleep(0.05)
+        before = grpc_calls(server)
+        assert (await p.acquire_lease("k", "a", 2_000)).acquired
+        await p.flush()
+        # A grant and the transaction; the idle lease, too old to bind, is revoked.
+        assert delta(grpc_calls(server), before) == {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}
+        [fresh] = server.lease_ids()
+        assert fresh != idle
+        assert server.lease_ttl(fresh)[0] >= 2
+        await p.release_lease("k", "a")
+    assert server.lease_ids() == []
+
+
+async def test_an_idle_etcd_lease_revoked_behind_the_providers_back_is_replaced(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """etcd refuses a transaction naming a lease it does not have, writing nothing; the
+    acquire (and a transfer) then grants a fresh lease and succeeds."""
+    server = private_etcd_server
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("k", "a", 10_000)).acquired
+        await p.release_lease("k", "a")
+        [idle] = server.lease_ids()
+        server.revoke_lease(idle)
+        before = grpc_calls(server)
+        result = await p.acquire_lease("k", "b", 10_000)
+        assert result.acquired
+        assert delta(grpc_calls(server), before) == {"Txn": 2, "LeaseGrant": 1}
+        assert await p.get_lease_owner("k") == "b"
+        [bound] = server.lease_ids()
+        assert await p.transfer_lease("k", "b", "c", 10_000)  # on a fresh grant
+        server.revoke_lease(bound)  # b's lease, idle after the transfer
+        assert await p.transfer_lease("k", "c", "d", 10_000)
+        assert await p.get_lease_owner("k") == "d"
+        await p.release_lease("k", "d")
+    assert server.lease_ids() == []
 
 
 async def test_no_etcd_lease_is_left_behind(

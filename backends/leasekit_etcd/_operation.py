@@ -21,7 +21,7 @@ from leasekit import LeaseResult
 from leasekit.backend import LeaseRecord
 
 from . import _keys, _replies, _rpc, _txn
-from ._members import Members
+from ._members import Members, status
 
 if TYPE_CHECKING:
     from ._provider import EtcdLeaseProvider
@@ -62,13 +62,63 @@ class Operation:
         return response
 
     async def grant(self, ttl_s: int) -> int:
-        request = _rpc.lease_grant_request(ttl_s)
+        """A fresh etcd lease for a record of ``ttl_s`` (one second longer for reuse)."""
+        requested_s = ttl_s + self.provider._extra_s
+        request = _rpc.lease_grant_request(requested_s)
+        sent_at = asyncio.get_running_loop().time()
         response: _rpc.LeaseGrantResponse = await self._call(
             lambda s, md, t: s.lease.LeaseGrant(request, timeout=t, metadata=md), safe=False
         )
         lease, granted_s = _replies.granted(response)
-        self.provider._learn_min_ttl(ttl_s, granted_s)
+        self.provider._learn_min_ttl(requested_s, granted_s)
+        self.provider._pool.granted(lease, granted_s, sent_at)
         return lease
+
+    async def lease_for(self, ttl_s: int) -> tuple[int, bool]:
+        """An etcd lease to bind a record of ``ttl_s`` to: an idle one of this provider's
+        that still has the whole TTL ahead of it, else a fresh grant; and whether it
+        was idle (its binding may find it gone, and then takes a fresh one)."""
+        granted_s = self.provider._granted_ttl_s(ttl_s + self.provider._extra_s)
+        idle = self.provider._pool.take(granted_s, ttl_s, asyncio.get_running_loop().time())
+        if idle is not None:
+            return idle, True
+        return await self.grant(ttl_s), False
+
+    async def bind(
+        self, ttl_s: int, build: Callable[[int], _rpc.Request]
+    ) -> tuple[_rpc.TxnResponse, int, bool]:
+        """The transaction ``build(lease)`` on a lease from :meth:`lease_for`; its reply,
+        the lease, and whether that lease was idle before (the failure branch of a
+        transaction does not check that etcd still has it).
+
+        An idle lease that etcd no longer has (revoked by hand, or ended early) fails
+        the whole transaction with "lease not found", so nothing was written: it is
+        forgotten and the transaction sent again on a fresh grant. Any other failure
+        leaves the outcome unknown, so the lease is revoked (with whatever it may carry).
+        """
+        pool = self.provider._pool
+        lease, idle = await self.lease_for(ttl_s)
+        try:
+            return await self.txn(build(lease)), lease, idle
+        except _rpc.AioRpcError as exc:
+            if not (idle and _lease_gone(exc)):
+                self.provider._revoke_later(lease)
+                raise
+            pool.forget(lease)
+        except BaseException:
+            self.provider._revoke_later(lease)
+            raise
+        lease = await self.grant(ttl_s)
+        try:
+            return await self.txn(build(lease)), lease, False
+        except BaseException:
+            self.provider._revoke_later(lease)
+            raise
+
+    def left_empty(self, lease: int) -> None:
+        """``lease`` carries no record now: keep it for reuse if ours, else revoke it."""
+        if not self.provider._pool.give_back(lease):
+            self.provider._revoke_later(lease)
 
     async def revoke(self, lease_id: int) -> None:
         """Revoke an etcd lease (and delete what is bound to it); gone already is fine."""
@@ -102,7 +152,11 @@ class Operation:
                 raise
             return response.TTL
 
-        return await self._call(invoke, safe=True)
+        sent_at = asyncio.get_running_loop().time()
+        granted_s = await self._call(invoke, safe=True)
+        if granted_s > 0:
+            self.provider._pool.kept_alive(lease_id, granted_s, sent_at)
+        return granted_s
 
     # -- the operations -------------------------------------------------------------------
 
@@ -114,6 +168,7 @@ class Operation:
     async def acquire(self, key: str, owner: str, ttl_s: int) -> LeaseResult:
         start, end = _keys.holder_range(self.prefix, key)
         record = _keys.record_name(self.prefix, key, owner)
+        owner_b = owner.encode()
         seen = self.provider._seen_held
         look_first = key in seen
         while True:
@@ -131,28 +186,26 @@ class Operation:
                         seen.add(key)
                         return LeaseResult(True, owner, kv.create_revision)
                     continue  # our record ended meanwhile (expired): look again
-            # Otherwise expect it free: grant, then take it in one transaction.
-            lease = await self.grant(ttl_s)
-            try:
-                reply = await self.txn(_txn.acquire_free(start, end, record, owner.encode(), lease))
-            except BaseException:
-                self.provider._revoke_later(lease)
-                raise
+            # Otherwise expect it free: take it in one transaction, on an idle etcd
+            # lease of this provider's, or on one granted first.
+            reply, lease, idle = await self.bind(
+                ttl_s, lambda lease: _txn.acquire_free(start, end, record, owner_b, lease)
+            )
             if reply.succeeded:
                 seen.add(key)
                 return LeaseResult(True, owner, reply.header.revision)
             holder_now = _replies.denied_holder(self.prefix, reply, key)
             if holder_now == owner:
-                # Already ours: move our record onto the lease just granted (the
-                # requested TTL), keeping its token.
-                token = await self._relet_onto(record, owner, lease)
+                # Already ours: move our record onto that lease (the requested TTL),
+                # keeping its token.
+                token = await self._relet_onto(record, owner, ttl_s, lease, idle)
                 if token is not None:
                     seen.add(key)
                     return LeaseResult(True, owner, token)
             else:
-                # Never bound (the transaction took its failure branch): revoking it
-                # can delete nothing, so the answer need not wait for it.
-                self.provider._revoke_later(lease)
+                # Never bound (the transaction took its failure branch): it carries
+                # nothing, so it can be bound again.
+                self.left_empty(lease)
                 if holder_now is not None:
                     seen.add(key)
                     return LeaseResult(False, holder_now, None)
@@ -170,29 +223,42 @@ class Operation:
         granted_s = await self.keep_alive(lease)
         if granted_s <= 0:
             return False  # the etcd lease expired: the record is gone with it
-        if granted_s == self.provider._granted_ttl_s(ttl_s):
+        granted = self.provider._granted_ttl_s
+        if granted(ttl_s) <= granted_s <= granted(ttl_s + self.provider._extra_s):
             return True
         # A keep-alive restores the TTL the etcd lease was granted with; a different
-        # TTL needs a new etcd lease, and the record moved onto it.
-        return await self._relet_onto(record, owner, await self.grant(ttl_s)) is not None
+        # TTL needs another etcd lease, and the record moved onto it.
+        fresh, idle = await self.lease_for(ttl_s)
+        return await self._relet_onto(record, owner, ttl_s, fresh, idle) is not None
 
-    async def _relet_onto(self, record: bytes, owner: str, fresh: int) -> int | None:
-        """Move ``owner``'s live record onto the etcd lease ``fresh`` and revoke the old
-        one; returns the (unchanged) token, or None (and revokes ``fresh``) if it ended.
+    async def _relet_onto(
+        self, record: bytes, owner: str, ttl_s: int, fresh: int, idle: bool
+    ) -> int | None:
+        """Move ``owner``'s live record onto the etcd lease ``fresh`` and let the old one
+        go; returns the (unchanged) token, or None if it ended (``fresh`` unused).
 
-        Both revocations run in the background: neither lease carries a record then.
+        Neither lease carries a record then: either is kept for reuse if it is this
+        provider's, revoked in the background if not. An ``idle`` lease that etcd no
+        longer has fails the move with nothing written; the move is retried on a
+        fresh grant.
         """
         try:
             reply = await self.txn(_txn.relet(record, owner.encode(), fresh))
+        except _rpc.AioRpcError as exc:
+            if not (idle and _lease_gone(exc)):
+                self.provider._revoke_later(fresh)
+                raise
+            self.provider._pool.forget(fresh)
+            return await self._relet_onto(record, owner, ttl_s, await self.grant(ttl_s), False)
         except BaseException:
             self.provider._revoke_later(fresh)
             raise
         if not reply.succeeded:
-            self.provider._revoke_later(fresh)
+            self.left_empty(fresh)
             return None
         token, left = _replies.moved_from(reply, fresh)
         if left is not None:
-            self.provider._revoke_later(left)
+            self.left_empty(left)
         return token
 
     async def release(self, key: str, owner: str) -> None:
@@ -203,24 +269,20 @@ class Operation:
             # on now carries nothing: revoking it is housekeeping, off the caller's path.
             self.provider._seen_held.discard(key)
             for lease in _replies.detached_leases(reply):
-                self.provider._revoke_later(lease)
+                self.left_empty(lease)
 
     async def transfer(self, key: str, from_owner: str, to_owner: str, ttl_s: int) -> bool:
         from_record = _keys.record_name(self.prefix, key, from_owner)
         to_record = _keys.record_name(self.prefix, key, to_owner)
-        lease = await self.grant(ttl_s)
-        try:
-            reply = await self.txn(
-                _txn.transfer(from_record, from_owner.encode(), to_record, to_owner.encode(), lease)
-            )
-        except BaseException:
-            self.provider._revoke_later(lease)
-            raise
+        from_b, to_b = from_owner.encode(), to_owner.encode()
+        reply, lease, _ = await self.bind(
+            ttl_s, lambda lease: _txn.transfer(from_record, from_b, to_record, to_b, lease)
+        )
         if not reply.succeeded:
-            self.provider._revoke_later(lease)  # never bound
+            self.left_empty(lease)  # never bound
             return False
         for detached in _replies.detached_leases(reply, bound=lease):
-            self.provider._revoke_later(detached)  # its record was just deleted
+            self.left_empty(detached)  # its record was just deleted
         return True
 
     async def inspect(self, key_prefix: str | None, limit: int) -> list[LeaseRecord]:
@@ -261,3 +323,10 @@ class Operation:
 
     async def ping(self) -> None:
         await self.range(_rpc.range_request(self.prefix, keys_only=True))
+
+
+def _lease_gone(exc: Exception) -> bool:
+    """Whether etcd refused a transaction for naming a lease it does not have (then
+    the whole transaction was refused: nothing was written)."""
+    code, details = status(exc)
+    return code == _rpc.StatusCode.NOT_FOUND and "lease not found" in details

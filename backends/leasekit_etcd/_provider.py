@@ -54,6 +54,7 @@ from ._keys import holder_range
 from ._members import Credentials, Member, Members, TlsFiles
 from ._notify import EtcdReleaseListener
 from ._operation import Operation
+from ._pool import REUSE_EXTRA_S, LeasePool
 
 __all__ = ["EtcdLeaseProvider", "EtcdURLSettings", "url_settings"]
 
@@ -91,6 +92,7 @@ OPTIONS = OptionSet(
         Option("connect_timeout_s", float, 1.0, above=0, maximum=3600),
         Option("username", str),
         Option("password", str),
+        Option("reuse_leases", bool, True),
         *(Option(name, str) for name in _TLS_FILES),
     ],
 )
@@ -164,6 +166,10 @@ class EtcdLeaseProvider(BackendProvider):
       member's connection before trying the next.
     - ``username``/``password`` for etcd's authentication; ``tls`` with ``ca``,
       ``cert``, ``key`` (PEM bytes) for ``etcds://``.
+    - ``reuse_leases`` (default True): bind the etcd leases this provider's operations
+      left empty again, granted one second longer than the TTL for that, so that a
+      free key costs one transaction; False grants a lease of exactly the TTL (rounded
+      up) per acquire and revokes each when it is left empty.
 
     TTLs are whole seconds (rounded up) and at least the server's minimum (2 s with
     etcd's default election timeout). See ``docs/backends/etcd.md``.
@@ -194,6 +200,7 @@ class EtcdLeaseProvider(BackendProvider):
         connect_timeout_s: float = 1.0,
         username: str | None = None,
         password: str | None = None,
+        reuse_leases: bool = True,
         tls: bool = False,
         ca: bytes | None = None,
         cert: bytes | None = None,
@@ -239,6 +246,9 @@ class EtcdLeaseProvider(BackendProvider):
             self._members = None
         self._min_ttl_s = _DEFAULT_MIN_TTL_S
         self._seen_held = _RecentKeys(_SEEN_HELD_KEYS)
+        reuse = settings["reuse_leases"].validate(reuse_leases)
+        self._pool = LeasePool(self._revoke_later, enabled=reuse)
+        self._extra_s = REUSE_EXTRA_S if reuse else 0
         self._channels_closed = False
         self._watcher: Any = None
         self._listener = self._release_listener = EtcdReleaseListener(
@@ -300,6 +310,13 @@ class EtcdLeaseProvider(BackendProvider):
         # One read now, so a wrong address, TLS setting or password shows up here.
         await self._operate(lambda op: op.ping())
 
+    def _housekeep_before_close(self) -> None:
+        self._revoke_idle()
+
+    def _revoke_idle(self) -> None:
+        for lease in self._pool.take_all_idle():
+            self._revoke_later(lease)
+
     async def _close_client(self) -> None:
         self._channels_closed = True
         if self._members is not None:
@@ -331,6 +348,7 @@ class EtcdLeaseProvider(BackendProvider):
         ``aclose`` drains these, so a closing provider still revokes what its last
         operations left.
         """
+        self._pool.forget(lease_id)
         members = self._members
         if members is None or self._channels_closed:
             return  # nothing left to send it on: the empty lease ends at its TTL
@@ -439,8 +457,11 @@ class EtcdLeaseProvider(BackendProvider):
         transaction has decided; the etcd lease they left without a record is revoked
         right after, off the caller's path. This waits until those revocations have
         finished (each is bounded; one that fails leaves its empty etcd lease to end
-        at its TTL). Never raises for them.
+        at its TTL). The idle etcd leases kept for reuse are revoked first, so after a
+        flush every etcd lease this provider granted carries a record. Never raises for
+        them.
         """
+        self._revoke_idle()
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 

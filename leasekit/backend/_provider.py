@@ -275,6 +275,7 @@ class BackendProvider:
         if self._inflight:
             self._drained = loop.create_future()
             await asyncio.wait((self._drained,), timeout=self.timeout_s + _CLOSE_FLOOR_S)
+        self._housekeep_before_close()
         for pending in (self._background, self._abandoned):
             if pending:
                 left = max(deadline - loop.time(), _CLOSE_FLOOR_S)
@@ -291,6 +292,15 @@ class BackendProvider:
                 pass  # the server stopped answering; its sockets close with the process
             except self.errors.types:
                 pass  # the connection was already broken: nothing left to close
+
+    def _housekeep_before_close(self) -> None:
+        """Start the last background work, once no operation is in flight (a hook).
+
+        Called by :meth:`aclose` after the operations in flight have finished and
+        before background work is drained, so the work it starts with :meth:`_spawn`
+        is given the rest of ``timeout_s`` like any other. The etcd backend revokes the idle etcd
+        leases it kept for reuse here. Does nothing by default.
+        """
 
     async def break_notifications(self) -> None:
         """Cut the release-notification channel, as a network failure would (for tests)."""

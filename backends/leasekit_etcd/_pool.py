@@ -1,0 +1,115 @@
+"""The etcd leases a provider granted, and the idle ones it may bind again.
+
+Granting an etcd lease is a round trip (and a raft write) before the transaction that
+binds it. A lease that a release, a transfer or a denied acquire leaves without a
+record is not revoked but kept, so that the next acquire of *this* provider binds it
+in its one transaction. That is only correct within limits, which this class keeps:
+
+- **Exclusive.** An idle lease is taken out before it is bound, so it carries at most
+  one record at any time, as a freshly granted one does; revoking it, or letting it
+  expire, can only ever end that one record.
+- **Never shorter than asked.** A lease's time runs from its grant (or its last
+  keep-alive), not from when it is bound. Leases are granted one second longer than
+  the TTL asked for, and one is bound again only while it still has the whole TTL
+  ahead of it, counted from a lower bound of its expiry: the moment its grant (or
+  keep-alive) was *sent*, plus the TTL etcd granted, less a guard for clock-rate drift
+  and the binding transaction's flight. A record bound that way outlives the
+  holder's own reckoning (from when the acquire was sent), as a fresh lease does.
+- **Only our own.** Only leases this provider granted are tracked, so a lease another
+  process granted (met as a record's previous lease) is revoked, never bound here.
+  The tracking is a hint: a lease forgotten (pruned, or revoked meanwhile by someone
+  else) is revoked instead of kept, or fails its binding with "lease not found", which
+  the acquire answers by granting a fresh one.
+
+An idle lease found too old to bind is revoked then; ``flush()`` and ``aclose()``
+revoke whatever is idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "LeasePool"]
+
+#: Seconds added to each grant: the window in which an idle lease can be bound again.
+REUSE_EXTRA_S = 1
+#: Kept in hand beyond the TTL when binding an idle lease: clock-rate drift over the
+#: lease's life and the binding transaction's time in flight.
+BIND_GUARD_S = 0.1
+_PRUNE_EVERY = 1024
+_PRUNE_AFTER_S = 60.0
+
+
+class LeasePool:
+    """This provider's etcd leases: when each surely lives until, and which are idle."""
+
+    __slots__ = ("_enabled", "_expires_by", "_granted_s", "_grants", "_idle", "_revoke")
+
+    def __init__(self, revoke: Callable[[int], None], *, enabled: bool = True) -> None:
+        #: revokes an etcd lease in the background (and forgets it here)
+        self._revoke = revoke
+        #: False (``reuse_leases=false``): nothing is kept, every empty lease revoked
+        self._enabled = enabled
+        # lease ID -> loop time before which etcd cannot have ended it (a lower bound)
+        self._expires_by: dict[int, float] = {}
+        # lease ID -> the TTL etcd granted it (what a keep-alive restores)
+        self._granted_s: dict[int, int] = {}
+        # granted TTL -> idle lease IDs, the most recently idle last
+        self._idle: dict[int, list[int]] = {}
+        self._grants = 0
+
+    def __len__(self) -> int:
+        return sum(len(stack) for stack in self._idle.values())
+
+    def granted(self, lease: int, granted_s: int, sent_at: float) -> None:
+        """A grant (sent at loop time ``sent_at``) gave ``lease`` of ``granted_s``."""
+        self._expires_by[lease] = sent_at + granted_s
+        self._granted_s[lease] = granted_s
+        self._grants += 1
+        if self._grants % _PRUNE_EVERY == 0:
+            self._prune(sent_at)
+
+    def kept_alive(self, lease: int, granted_s: int, sent_at: float) -> None:
+        """A keep-alive sent at ``sent_at`` restored ``lease``'s TTL."""
+        if lease in self._expires_by:
+            self._expires_by[lease] = sent_at + granted_s
+
+    def take(self, granted_s: int, need_s: float, now: float) -> int | None:
+        """An idle lease of ``granted_s`` that surely lives ``need_s`` more, taken out."""
+        stack = self._idle.get(granted_s)
+        while stack:
+            lease = stack.pop()
+            expires_by = self._expires_by.get(lease)
+            if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
+                return lease
+            self._revoke(lease)  # too old to bind; it carries nothing
+        return None
+
+    def give_back(self, lease: int) -> bool:
+        """``lease`` was just left without a record; False if it is not ours to keep."""
+        granted_s = self._granted_s.get(lease)
+        if granted_s is None or not self._enabled:
+            return False
+        self._idle.setdefault(granted_s, []).append(lease)
+        return True
+
+    def forget(self, lease: int) -> None:
+        """``lease`` is revoked, gone, or its state unknown: never bind it again."""
+        self._expires_by.pop(lease, None)
+        self._granted_s.pop(lease, None)
+
+    def take_all_idle(self) -> list[int]:
+        """Every idle lease, forgotten, for the caller to revoke."""
+        idle = [lease for stack in self._idle.values() for lease in stack]
+        self._idle.clear()
+        for lease in idle:
+            self.forget(lease)
+        return idle
+
+    def _prune(self, now: float) -> None:
+        # Records whose holder never released nor renewed them leave their lease here;
+        # forgetting one long past its expiry costs nothing but a revoke instead of reuse.
+        for lease in [i for i, t in self._expires_by.items() if t < now - _PRUNE_AFTER_S]:
+            self.forget(lease)
+        for stack in self._idle.values():
+            stack[:] = [lease for lease in stack if lease in self._expires_by]
