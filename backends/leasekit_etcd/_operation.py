@@ -6,9 +6,10 @@ operation by ``timeout_s`` and maps its errors. What each operation costs in rou
 trips, and why release is a transaction rather than a bare revoke, is on the etcd page
 of the documentation (``docs/backends/etcd.md``).
 
-An etcd lease that an operation leaves without a record (detached by a transaction,
-never bound by one, or granted by an operation that then failed) is handed to
-``provider._revoke_later``, which revokes it in the background.
+An etcd lease that a transaction leaves without a record (detached, or never bound)
+goes back to the provider's ``_pool`` for the next acquire if the provider granted
+it, and to ``provider._revoke_later`` (revoked in the background) if not; so does one
+an operation may have bound before it failed, since its outcome is unknown.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ every member alike. So each write below is decided and done atomically, cluster-
 
 Layout (``_keys``): a live lease on key ``k`` held by ``o`` is the record
 ``R(k, o) = <prefix><escaped k>\\x00<o>`` with value ``o``, bound to an etcd lease
-whose TTL is the lease's TTL in whole seconds. All records of ``k`` sit in the holder
+whose TTL is the lease's TTL in whole seconds (one more with ``reuse_leases``, see
+``_pool``), carrying no other record. All records of ``k`` sit in the holder
 range ``H(k)``; the transactions keep at most one there. When the etcd lease expires
 or is revoked, etcd deletes the record in the same step: that is expiry, on the
 leader's clock.
