@@ -8,8 +8,9 @@ of the documentation (``docs/backends/etcd.md``).
 
 An etcd lease that a transaction leaves without a record (detached, or never bound)
 goes back to the provider's ``_pool`` for the next acquire if the provider granted
-it, and to ``provider._revoke_later`` (revoked in the background) if not; so does one
-an operation may have bound before it failed, since its outcome is unknown.
+it, and to ``provider._revoke_later`` (revoked in the background) if not. One that an
+operation may have bound before it failed (its outcome unknown) is revoked, with
+whatever it carries.
 """
 
 from __future__ import annotations
