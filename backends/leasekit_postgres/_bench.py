@@ -61,15 +61,27 @@ def _floor_table(target: BenchTarget, settings: PoolSettings) -> TableName:
 
 class _RawCycler:
     def __init__(
-        self, pool: AsyncConnectionPool[Any], acquire: bytes, release: bytes, ttl_ms: int
+        self,
+        pool: AsyncConnectionPool[Any],
+        acquire: bytes,
+        release: bytes,
+        ttl_ms: int,
+        channel: str | None,
     ) -> None:
         self._pool = pool
         self._acquire = acquire
         self._release = release
         self._ttl_ms = ttl_ms
+        self._channel = channel
 
     async def cycle(self, key: str, owner: str) -> bool:
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_ms": self._ttl_ms}
+        params: dict[str, object] = {
+            "key": key.encode(),
+            "owner": owner.encode(),
+            "ttl_ms": self._ttl_ms,
+        }
+        if self._channel is not None:
+            params["channel"] = self._channel
         # A connection per statement, as for leasekit: a lease's acquire and release
         # are separate calls, with the caller's work (and no connection held) between.
         async with self._pool.connection() as conn:
@@ -88,10 +100,17 @@ class _RawCycler:
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
+    from ._notify import channel_for  # noqa: PLC0415
     from ._sql import Statements  # noqa: PLC0415 (the backend's own statements)
 
     settings = _settings(target)
-    statements = Statements(_floor_table(target, settings))
+    table = _floor_table(target, settings)
+    statements = Statements(table)
+    # Release as leasekit does: with notifications on (the default), its release
+    # statement also calls pg_notify, which costs the server a queue write per release.
+    notify = bool(settings.provider["notifications"])
+    channel = channel_for(str(table)) if notify else None
+    release = statements.release_notify if notify else statements.release
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         settings.conninfo,
         kwargs=dict(settings.connection_kwargs),
@@ -107,7 +126,7 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
     except BaseException:
         await pool.close()
         raise
-    return _RawCycler(pool, statements.acquire, statements.release, target.ttl_ms)
+    return _RawCycler(pool, statements.acquire, release, target.ttl_ms, channel)
 
 
 # -- tooz -----------------------------------------------------------------------------------
@@ -167,7 +186,8 @@ BENCH = SchemeBench(
             requires=("psycopg", "psycopg_pool"),
             install="pip install 'leasekit[postgres]'",
             how="psycopg AsyncConnectionPool, autocommit: leasekit's own acquire and "
-            "release statements, executed by hand",
+            "release statements (the release with pg_notify, unless notifications=false), "
+            "executed by hand",
         ),
         Contender(
             "tooz",
