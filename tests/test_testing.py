@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -374,3 +378,26 @@ async def test_the_fixtures_give_a_clock_and_a_faulty_store_on_it(
     await fake_leases.acquire_lease("k", "a", 1000)
     await lease_clock.advance(1000)
     assert await fake_leases.get_lease_owner("k") is None
+
+
+def test_the_docs_pytest_example_passes_in_a_pytest_of_its_own(tmp_path: Path) -> None:
+    # The other examples on the page are programs that the docs tests run; this one is a
+    # test module, so it runs the way a user runs it: pytest, with the fixtures found
+    # through leasekit's pytest11 entry point alone.
+    page = Path(__file__).resolve().parent.parent / "docs" / "testing-your-code.md"
+    fence = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+    blocks = fence.findall(page.read_text("utf-8"))
+    (example,) = [block for block in blocks if "lease_clock" in block]
+    (tmp_path / "test_example.py").write_text(example, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "error", "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
