@@ -6,13 +6,14 @@ locking"). leasekit issues the tokens (:attr:`leasekit.LeaseResult.token`,
 :attr:`leasekit.LeaseHold.token`); the guards here are the rejecting side, each one
 call atomic with the caller's own write:
 
-- **SQL** (:func:`fence_postgres`, :func:`fence_postgres_sync`, :func:`fence_sqlite`):
-  run inside the caller's own transaction, before its write. One conditional upsert on
-  a small fence table records the token for the resource, or raises
-  :class:`leasekit.StaleFencingToken` when a higher token is already recorded. The row
+- **SQL** (:func:`fence_postgres`, :func:`fence_postgres_sync`, :func:`fence_sqlite`,
+  :func:`fence_mysql`): run inside the caller's own transaction, before its write. One
+  conditional upsert on a small fence table records the token for the resource, or
+  raises :class:`leasekit.StaleFencingToken` when a higher token is already recorded. The row
   lock orders competing writers, and the fence advances only if the caller's
   transaction commits. Create the table once with :func:`ensure_postgres_fence_table`
-  (or its ``_sync`` twin); :func:`fence_sqlite` creates its table on first use.
+  (or its ``_sync`` twin) or :func:`ensure_mysql_fence_table`; :func:`fence_sqlite`
+  creates its table on first use.
 - **Redis** (:func:`fenced_redis_write`, :func:`fenced_redis_write_sync`): one Lua
   script checks the token and then runs the caller's write commands (``SET``,
   ``HSET``, ``DEL``, ``XADD``, ``EXPIRE``), so no other command runs in between.
@@ -26,8 +27,8 @@ The guards run on the caller's own connection or client, inside the caller's own
 transaction, so the driver's exceptions (a serialization failure to retry, a lost
 connection) reach the caller unchanged, exactly as they would from its own write.
 
-No driver is imported here: ``psycopg`` and ``redis`` load only when a guard that needs
-them is called (the caller has them imported already).
+No driver is imported here: ``psycopg``, ``asyncmy`` and ``redis`` load only when a guard
+that needs them is called (the caller has them imported already).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from ._contract import validate_key
 from ._errors import InvalidLeaseArgument, StaleFencingToken
 
 if TYPE_CHECKING:
+    import asyncmy
+    import asyncmy.cursors
     import psycopg
     import redis
     import redis.asyncio
@@ -52,9 +55,11 @@ __all__ = [
     "DEFAULT_REDIS_FENCE_PREFIX",
     "MAX_FENCING_TOKEN",
     "REDIS_COMMANDS",
+    "ensure_mysql_fence_table",
     "ensure_postgres_fence_table",
     "ensure_postgres_fence_table_sync",
     "ensure_sqlite_fence_table",
+    "fence_mysql",
     "fence_postgres",
     "fence_postgres_sync",
     "fence_sqlite",
@@ -64,7 +69,7 @@ __all__ = [
 ]
 
 DEFAULT_FENCE_TABLE = "leasekit_fence"
-"""The fence table's name, in PostgreSQL and SQLite, unless ``table=`` says otherwise."""
+"""The fence table's name, in PostgreSQL, SQLite and MySQL, unless ``table=`` says otherwise."""
 
 DEFAULT_REDIS_FENCE_PREFIX = "leasekit-fence:"
 """The Redis fence key of ``resource`` is this prefix followed by ``resource``."""
@@ -438,6 +443,152 @@ def fence_sqlite(
     raise StaleFencingToken(
         resource=resource, token=token, current=None if row is None else int(row[0])
     )
+
+
+# -- MySQL / MariaDB: one conditional upsert ---------------------------------------------------
+#
+# The statement, for a fence table ``fence`` (resource VARBINARY(1024), token BIGINT), with
+# parameters %(resource)s, %(token)s:
+#
+#     INSERT INTO fence (resource, token) VALUES (%(resource)s, %(token)s)
+#     ON DUPLICATE KEY UPDATE
+#         token = IF(token <= %(token)s, %(token)s, LAST_INSERT_ID(token))
+#
+# Why it is atomic: on a duplicate key InnoDB locks the resource's row exclusively and
+# reads its newest committed version (a locking read, at any isolation level) before the
+# assignment is evaluated, so no other writer's token can land between the comparison and
+# the update; a competing transaction's upsert of the same resource waits for that lock
+# and then compares against the row as the winner committed it. The lock is held until
+# the caller's transaction ends, so the caller's own write is ordered by it too, and a
+# rolled-back transaction rolls the fence back. MySQL has no RETURNING and no WHERE on
+# ON DUPLICATE KEY UPDATE, so the one statement reports its decision through
+# LAST_INSERT_ID(expr), whose value reaches the client in the OK packet (the driver's
+# ``lastrowid``): only a stale token calls it, with the recorded token (>= 1), and leaves
+# the row as it was; a token that passes, or a new row, calls nothing, so ``lastrowid``
+# is 0. One round trip either way. (VALUES(col) is avoided: MySQL 8.0.20 deprecates it,
+# and MariaDB has no row alias to replace it, so the parameter is bound twice.)
+
+
+def _mysql_identifier(parts: tuple[str, ...]) -> str:
+    # Back-quoted, so any name is safe; the table name is the only text not passed as a
+    # parameter.
+    return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _MySQLStatements:
+    existing: str
+    create: str
+    fence: str
+
+
+@functools.lru_cache(maxsize=64)
+def _mysql_statements(parts: tuple[str, ...]) -> _MySQLStatements:
+    table = _mysql_identifier(parts)
+    return _MySQLStatements(
+        # %(database)s (None: the connection's), %(table)s -> a row if the table exists.
+        existing=(
+            "SELECT 1 FROM information_schema.tables"
+            " WHERE table_schema = COALESCE(%(database)s, DATABASE()) AND table_name = %(table)s"
+        ),
+        create=(
+            f"CREATE TABLE IF NOT EXISTS {table} ("
+            "resource VARBINARY(1024) NOT NULL PRIMARY KEY, "
+            "token BIGINT NOT NULL CHECK (token > 0)"
+            ") ENGINE=InnoDB"
+        ),
+        fence=(
+            f"INSERT INTO {table} (resource, token) VALUES (%(resource)s, %(token)s) "  # noqa: S608 (quoted name)
+            "ON DUPLICATE KEY UPDATE "
+            "token = IF(token <= %(token)s, %(token)s, LAST_INSERT_ID(token))"
+        ),
+    )
+
+
+def _check_mysql_transaction(conn: asyncmy.Connection) -> None:
+    # Both read the server's status flags from its last reply (SERVER_STATUS_AUTOCOMMIT,
+    # SERVER_STATUS_IN_TRANS): no round trip.
+    if conn.get_autocommit() and not conn.get_transaction_status():
+        raise InvalidLeaseArgument.for_argument(
+            "conn",
+            "must be in a transaction (await conn.begin(), or autocommit off): in "
+            "autocommit mode the fence would commit on its own, apart from your write",
+        )
+
+
+async def fence_mysql(
+    conn: asyncmy.Connection | asyncmy.cursors.Cursor,
+    resource: str,
+    token: int,
+    *,
+    table: str = DEFAULT_FENCE_TABLE,
+) -> None:
+    """Record ``token`` for ``resource`` in the caller's transaction, or refuse a stale one.
+
+    MySQL and MariaDB (InnoDB), on an ``asyncmy`` connection or a cursor of it, the
+    driver of ``leasekit[mysql]``. Call it inside your own transaction, before your
+    write, on the connection that makes the write::
+
+        await conn.begin()
+        try:
+            await fence_mysql(conn, "invoice-7", lease.token)
+            async with conn.cursor() as cur:
+                await cur.execute("UPDATE invoices SET ...")
+            await conn.commit()
+        except BaseException:
+            await conn.rollback()
+            raise
+
+    Raises :class:`leasekit.StaleFencingToken` if a higher token was already recorded
+    for ``resource`` (nothing is written; roll your transaction back). An equal or
+    higher token is recorded and passes. The fence's row stays locked until your
+    transaction ends, which orders competing writers of the resource; the recorded
+    token is kept only if your transaction commits. One statement, one round trip.
+
+    The table (``leasekit_fence`` unless ``table=``, optionally ``"database.name"``)
+    must exist: :func:`ensure_mysql_fence_table`. A deadlock or lock wait timeout
+    reaches you as asyncmy's error, as for any write: retry the transaction. Raises
+    :class:`leasekit.InvalidLeaseArgument` for bad input, or a connection in autocommit
+    mode outside a transaction.
+    """
+    import asyncmy  # noqa: PLC0415 (the driver loads only when a guard needs it)
+
+    raw = _resource_bytes(resource)
+    token = validate_token(token)
+    statement = _mysql_statements(_table_parts(table)).fence
+    params = {"resource": raw, "token": token}
+    if isinstance(conn, asyncmy.Connection):
+        _check_mysql_transaction(conn)
+        async with conn.cursor() as cursor:
+            await cursor.execute(statement, params)
+            current = int(cursor.lastrowid)
+    else:
+        _check_mysql_transaction(conn.connection)
+        await conn.execute(statement, params)
+        current = int(conn.lastrowid)
+    if current:
+        raise StaleFencingToken(resource=resource, token=token, current=current)
+
+
+async def ensure_mysql_fence_table(
+    conn: asyncmy.Connection, *, table: str = DEFAULT_FENCE_TABLE
+) -> None:
+    """Create the MySQL/MariaDB fence table if it does not exist (idempotent): run it once
+    at deploy, outside your transactions.
+
+    MySQL commits any open transaction before a ``CREATE TABLE``, so do not call it in
+    the middle of one. Two processes creating the table at the same moment both
+    succeed. ``table`` may name another database's table as ``"database.name"``.
+    """
+    parts = _table_parts(table)
+    statements = _mysql_statements(parts)
+    names = {"database": parts[0] if len(parts) == 2 else None, "table": parts[-1]}
+    async with conn.cursor() as cursor:
+        # Only when missing: IF NOT EXISTS on an existing table leaves a note, which the
+        # driver would fetch (a round trip) and log as a warning.
+        await cursor.execute(statements.existing, names)
+        if await cursor.fetchone() is None:
+            await cursor.execute(statements.create)
 
 
 # -- Redis: one Lua script ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Fencing guards (``leasekit.fencing``) end to end, on a real SQLite file, PostgreSQL and Redis.
+"""Fencing guards (``leasekit.fencing``) end to end, on a real SQLite file, PostgreSQL,
+MySQL/MariaDB and Redis.
 
 For every store: a stale token is refused with nothing written, an equal one passes, a
 higher one advances the fence, a rolled-back transaction leaves the fence where it
@@ -35,11 +36,15 @@ from leasekit.fencing import (
     validate_token,
 )
 
-# The SQLite tests always run; the PostgreSQL and Redis ones need their extras.
+# The SQLite tests always run; the PostgreSQL, MySQL and Redis ones need their extras.
 try:
     import psycopg
 except ImportError:  # pragma: no cover (depends on the environment)
     psycopg = None
+try:
+    import asyncmy
+except ImportError:  # pragma: no cover
+    asyncmy = None
 try:
     import redis
     import redis.asyncio
@@ -77,7 +82,7 @@ def test_the_module_is_reachable_from_the_package_and_loads_no_driver() -> None:
         "assert 'leasekit.fencing' not in sys.modules\n"
         "leasekit.fencing.fence_sqlite\n"
         "loaded = {n.partition('.')[0] for n in sys.modules}\n"
-        "print(sorted(loaded & {'redis', 'psycopg', 'psycopg_pool'}))\n"
+        "print(sorted(loaded & {'redis', 'psycopg', 'psycopg_pool', 'asyncmy'}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
@@ -533,6 +538,290 @@ async def test_postgres_ensure_is_idempotent_and_safe_to_race(
             await conn.close()
 
 
+# -- MySQL / MariaDB -----------------------------------------------------------------------
+
+
+async def _my_connect(mysql_url: str, *, autocommit: bool = True) -> Any:
+    from leasekit.backend import parse_url  # noqa: PLC0415
+
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+    return await asyncmy.connect(
+        host=endpoint.host,
+        port=endpoint.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        autocommit=autocommit,
+    )
+
+
+@pytest.fixture
+async def my(mysql_url: str) -> AsyncIterator[Any]:
+    """An autocommit asyncmy connection of the test's own (the caller's connection)."""
+    _require(asyncmy, "mysql")
+    conn = await _my_connect(mysql_url)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+async def my_tables(my: Any, mysql_database: str) -> tuple[str, str]:
+    """(fence table, document table), both new, in this run's database."""
+    suffix = uuid.uuid4().hex[:10]
+    fence, doc = f"{mysql_database}.fence_{suffix}", f"{mysql_database}.doc_{suffix}"
+    await leasekit.fencing.ensure_mysql_fence_table(my, table=fence)
+    async with my.cursor() as cur:
+        await cur.execute(
+            f"CREATE TABLE {doc} (id INT PRIMARY KEY, body TEXT, token BIGINT) ENGINE=InnoDB"
+        )
+        await cur.execute(f"INSERT INTO {doc} VALUES (1, 'none', 0)")
+        await cur.execute(
+            f"CREATE TABLE {doc}_log (n INT AUTO_INCREMENT PRIMARY KEY, token BIGINT) ENGINE=InnoDB"
+        )
+    return fence, doc
+
+
+async def _my_write(conn: Any, fence: str, doc: str, token: int, body: str) -> None:
+    """The caller's side: one transaction, the guard first, then the write."""
+    await conn.begin()
+    try:
+        await leasekit.fencing.fence_mysql(conn, "doc-1", token, table=fence)
+        async with conn.cursor() as cur:
+            await cur.execute(f"UPDATE {doc} SET body = %s, token = %s", (body, token))
+            await cur.execute(f"INSERT INTO {doc}_log (token) VALUES (%s)", (token,))
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+
+
+async def _my_one(conn: Any, query: str, *params: object) -> Any:
+    async with conn.cursor() as cur:
+        await cur.execute(query, params)
+        return await cur.fetchone()
+
+
+async def _my_fence(conn: Any, fence: str, resource: str = "doc-1") -> int | None:
+    row = await _my_one(conn, f"SELECT token FROM {fence} WHERE resource = %s", resource.encode())
+    return None if row is None else int(row[0])
+
+
+async def _my_until_waiting_on_a_lock(observer: Any, thread_id: int) -> None:
+    """Return once InnoDB reports the session ``thread_id`` waiting for a lock."""
+    # InnoDB refreshes its information_schema snapshot of transactions only when nobody
+    # has read it for 0.1 s: a faster poll would read the same stale rows forever.
+    for _ in range(400):
+        row = await _my_one(
+            observer,
+            "SELECT COUNT(*) FROM information_schema.innodb_trx"
+            " WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+            thread_id,
+        )
+        if row[0]:
+            return
+        await asyncio.sleep(0.15)
+    pytest.fail("the second writer never waited on the fence's row lock")
+
+
+async def _my_thread_id(conn: Any) -> int:
+    return int((await _my_one(conn, "SELECT CONNECTION_ID()"))[0])
+
+
+@pytest.mark.anyio
+async def test_mysql_stale_is_refused_equal_passes_higher_advances(
+    my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, doc = my_tables
+    await _my_write(my, fence, doc, 5, "five")
+    await _my_write(my, fence, doc, 5, "five again")  # the same holder writes again
+    with pytest.raises(StaleFencingToken) as info:
+        await _my_write(my, fence, doc, 4, "four")
+    assert (info.value.resource, info.value.token, info.value.current) == ("doc-1", 4, 5)
+    assert await _my_one(my, f"SELECT body FROM {doc}") == ("five again",)
+    # Right after a refusal on the same session (LAST_INSERT_ID was just set), a token
+    # that passes is not mistaken for a stale one.
+    await _my_write(my, fence, doc, 2**62, "big")
+    assert await _my_fence(my, fence) == 2**62
+    await _my_write(my, fence, doc, MAX_FENCING_TOKEN, "max")
+    with pytest.raises(StaleFencingToken) as info:
+        await _my_write(my, fence, doc, MAX_FENCING_TOKEN - 1, "max - 1")
+    assert info.value.current == MAX_FENCING_TOKEN
+    assert await _my_one(my, f"SELECT body FROM {doc}") == ("max",)
+
+
+@pytest.mark.anyio
+async def test_mysql_rolled_back_transaction_does_not_advance_the_fence(
+    my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, doc = my_tables
+    await _my_write(my, fence, doc, 3, "three")
+    await my.begin()
+    await leasekit.fencing.fence_mysql(my, "doc-1", 8, table=fence)
+    await my.rollback()
+    assert await _my_fence(my, fence) == 3
+    await _my_write(my, fence, doc, 4, "four")  # 8 never counted: 4 is still current
+    assert await _my_fence(my, fence) == 4
+
+
+@pytest.mark.anyio
+async def test_mysql_cursor_and_autocommit_off_connections_work_binary_safe(
+    mysql_url: str, my_tables: tuple[str, str]
+) -> None:
+    fence, _ = my_tables
+    name = "doc\0bin ✓"
+    conn = await _my_connect(mysql_url, autocommit=False)  # asyncmy's default
+    try:
+        async with conn.cursor() as cur:
+            await leasekit.fencing.fence_mysql(cur, name, 7, table=fence)
+        await conn.rollback()
+        assert await _my_fence(conn, fence, name) is None
+        await conn.commit()  # end the read's snapshot
+        await leasekit.fencing.fence_mysql(conn, name, 7, table=fence)
+        await conn.commit()
+        assert await _my_fence(conn, fence, name) == 7
+        await conn.commit()
+        assert await _my_fence(conn, fence, "doc") is None  # NUL is not a terminator
+    finally:
+        conn.close()
+
+
+@pytest.mark.anyio
+async def test_mysql_autocommit_outside_a_transaction_is_refused(
+    my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, _ = my_tables
+    with pytest.raises(InvalidLeaseArgument, match="transaction") as info:
+        await leasekit.fencing.fence_mysql(my, "doc-1", 1, table=fence)
+    assert info.value.argument == "conn"
+    async with my.cursor() as cur:
+        with pytest.raises(InvalidLeaseArgument):
+            await leasekit.fencing.fence_mysql(cur, "doc-1", 1, table=fence)
+    assert await _my_fence(my, fence) is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        *[({"resource": r}, "resource") for r in BAD_RESOURCES],
+        *[({"token": t}, "token") for t in BAD_TOKENS],
+        ({"table": "a.b.c"}, "table"),
+        ({"table": ""}, "table"),
+    ],
+)
+async def test_mysql_bad_input_is_refused_with_nothing_written(
+    my: Any, my_tables: tuple[str, str], kwargs: dict[str, Any], argument: str
+) -> None:
+    fence, _ = my_tables
+    call = {"resource": "doc-1", "token": 1, "table": fence, **kwargs}
+    await my.begin()
+    with pytest.raises(InvalidLeaseArgument) as info:
+        await leasekit.fencing.fence_mysql(my, call.pop("resource"), call.pop("token"), **call)
+    await my.commit()
+    assert info.value.argument == argument
+    assert await _my_one(my, f"SELECT COUNT(*) FROM {fence}") == (0,)
+
+
+@pytest.mark.anyio
+async def test_mysql_stale_writer_waits_on_the_row_lock_then_is_refused(
+    mysql_url: str, my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, doc = my_tables
+    await _my_write(my, fence, doc, 1, "one")
+    newer, older = await _my_connect(mysql_url), await _my_connect(mysql_url)
+    try:
+        older_id = await _my_thread_id(older)
+        await newer.begin()
+        await leasekit.fencing.fence_mysql(newer, "doc-1", 3, table=fence)
+        async with newer.cursor() as cur:
+            await cur.execute(f"UPDATE {doc} SET body = 'three', token = 3")
+        stale = asyncio.ensure_future(_my_write(older, fence, doc, 2, "two"))
+        await _my_until_waiting_on_a_lock(my, older_id)
+        assert not stale.done()
+        await newer.commit()
+        with pytest.raises(StaleFencingToken) as info:
+            await stale
+    finally:
+        newer.close()
+        older.close()
+    assert info.value.current == 3
+    assert await _my_one(my, f"SELECT body, token FROM {doc}") == ("three", 3)
+
+
+@pytest.mark.anyio
+async def test_mysql_newer_writer_waiting_behind_a_rollback_goes_through(
+    mysql_url: str, my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, doc = my_tables
+    await _my_write(my, fence, doc, 1, "one")
+    first, second = await _my_connect(mysql_url), await _my_connect(mysql_url)
+    try:
+        second_id = await _my_thread_id(second)
+        await first.begin()
+        await leasekit.fencing.fence_mysql(first, "doc-1", 9, table=fence)
+        waiting = asyncio.ensure_future(_my_write(second, fence, doc, 5, "five"))
+        await _my_until_waiting_on_a_lock(my, second_id)
+        await first.rollback()  # token 9's transaction fails
+        await waiting  # 9 never committed, so 5 is not stale
+    finally:
+        first.close()
+        second.close()
+    assert await _my_fence(my, fence) == 5
+    assert await _my_one(my, f"SELECT body FROM {doc}") == ("five",)
+
+
+@pytest.mark.anyio
+async def test_mysql_many_writers_racing_commit_in_token_order(
+    mysql_url: str, my: Any, my_tables: tuple[str, str]
+) -> None:
+    fence, doc = my_tables
+    tokens = random.Random(17).sample(range(1, 1000), 12)
+    refused: dict[int, int | None] = {}
+
+    async def writer(token: int) -> None:
+        conn = await _my_connect(mysql_url)
+        try:
+            await _my_write(conn, fence, doc, token, f"by {token}")
+        except StaleFencingToken as exc:
+            refused[token] = exc.current
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(writer(t) for t in tokens))
+    async with my.cursor() as cur:
+        await cur.execute(f"SELECT token FROM {doc}_log ORDER BY n")
+        committed = [int(row[0]) for row in await cur.fetchall()]
+    assert committed == sorted(committed)
+    assert sorted(committed + list(refused)) == sorted(tokens)
+    assert all(current is not None and current > t for t, current in refused.items())
+    assert await _my_one(my, f"SELECT body FROM {doc}") == (f"by {max(tokens)}",)
+    assert await _my_fence(my, fence) == max(tokens)
+
+
+@pytest.mark.anyio
+async def test_mysql_ensure_is_idempotent_safe_to_race_and_quotes_names(
+    mysql_url: str, mysql_database: str
+) -> None:
+    _require(asyncmy, "mysql")
+    table = f"{mysql_database}.odd `fence` {uuid.uuid4().hex[:6]}"
+    conns = [await _my_connect(mysql_url) for _ in range(4)]
+    try:
+        await asyncio.gather(
+            *(leasekit.fencing.ensure_mysql_fence_table(c, table=table) for c in conns)
+        )
+        await leasekit.fencing.ensure_mysql_fence_table(conns[0], table=table)
+        await conns[0].begin()
+        await leasekit.fencing.fence_mysql(conns[0], "r", 1, table=table)
+        await conns[0].commit()
+        quoted = ".".join("`" + p.replace("`", "``") + "`" for p in table.split("."))
+        assert await _my_one(conns[0], f"SELECT token FROM {quoted}") == (1,)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 # -- Redis ---------------------------------------------------------------------------------
 
 
@@ -793,6 +1082,12 @@ def test_docs_sqlite_example_refuses_the_paused_writer(tmp_path: Path) -> None:
         "refused: fencing token 1 for 'invoice-7' is stale: 2 was already seen",
         "paid by b",
     ]
+
+
+def test_docs_show_the_statement_the_mysql_guard_runs() -> None:
+    text = " ".join(DOCS.read_text(encoding="utf-8").split())
+    statement = leasekit.fencing._mysql_statements(("leasekit_fence",)).fence
+    assert " ".join(statement.replace("`leasekit_fence`", "leasekit_fence").split()) in text
 
 
 def test_docs_show_the_statement_the_postgres_guard_runs() -> None:

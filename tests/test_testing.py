@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,6 +168,49 @@ async def test_failing_renewals_lose_the_lease_at_the_deadline_in_fake_time() ->
     assert await leases.get_lease_owner("job") is None
 
 
+async def test_the_loss_path_waits_on_no_real_timer_while_the_fake_clock_covers_minutes() -> None:
+    # Three healthy minutes, then renewals fail until the lease is lost: all of it on the
+    # fake clock. Proof that nothing waits in real time: no timer is armed on the real
+    # event loop at all, and the thread spends well under 100 ms of CPU, so the test's
+    # wall time is bounded by that work alone (a few ms; pytest --durations shows it).
+    loop = asyncio.get_running_loop()
+    real_call_at = loop.call_at
+    real_timers: list[float] = []
+
+    def recording_call_at(when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+        real_timers.append(when - loop.time())
+        return real_call_at(when, callback, *args, context=context)
+
+    clock = FakeClock()
+    leases = FaultyProvider(memory_provider(clock))
+    lease = leasekit.hold(leases, "job", "a", 30_000, clock=clock)
+    healthy_renewals = 0
+
+    async def work() -> None:
+        nonlocal healthy_renewals
+        async with lease:
+            await clock.advance(180_000)
+            healthy_renewals = leases.calls["renew"]
+            leases.fail_always(operation="renew")
+            await clock.advance(300_000)  # cancelled out of here at the deadline
+
+    cpu_s = time.thread_time()
+    loop.call_at = recording_call_at  # type: ignore[method-assign]
+    try:
+        with pytest.raises(LeaseLost) as caught:
+            await work()
+    finally:
+        del loop.call_at  # the instance attribute; the loop's own method again
+    cpu_s = time.thread_time() - cpu_s
+    assert real_timers == []
+    assert cpu_s < 0.1
+    assert caught.value.reason == "expired"
+    assert healthy_renewals == 18  # every 10 s for three minutes
+    assert leases.calls["renew"] > healthy_renewals  # then retried until the deadline
+    # Lost at the last good renewal (180 s) + 30 s TTL - the 3 s margin: 3 min 27 s.
+    assert clock.monotonic() == pytest.approx(207.0)
+
+
 async def test_three_failed_renewals_then_one_that_works_keep_the_lease() -> None:
     clock = FakeClock()
     leases = FaultyProvider(memory_provider(clock))
@@ -280,6 +330,43 @@ async def test_faults_fail_without_touching_the_store() -> None:
     assert leasekit.is_lease_provider(leases)
 
 
+async def test_faults_wrap_a_real_store_too(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with leasekit.connect(f"sqlite:///{tmp_path / 'leases.db'}") as sqlite:
+        leases = FaultyProvider(sqlite, clock=clock)
+        assert leases.capabilities == leasekit.capabilities_of(sqlite)
+        leases.fail_next(1, operation="acquire", error=LeaseBackendUnreachable)
+        with pytest.raises(LeaseBackendUnreachable):
+            await leases.acquire_lease("k", "a", 60_000)
+        assert await sqlite.get_lease_owner("k") is None  # the fault never reached the store
+        granted = await leases.acquire_lease("k", "a", 60_000)
+        assert granted.acquired
+        assert granted.token is not None
+        leases.stall_until(5.0, operation="renew")
+        renewal = asyncio.create_task(leases.renew_lease("k", "a", 60_000))
+        await clock.advance(4_999)
+        assert not renewal.done()
+        await clock.advance(1)
+        assert await renewal is True  # then it ran on the store
+        leases.fail_always(operation="owner")
+        with pytest.raises(LeaseBackendTimeout):
+            await leases.get_lease_owner("k")
+        leases.heal()
+        assert await leases.get_lease_owner("k") == "a"
+        assert leases.calls == {"acquire": 2, "owner": 2, "release": 0, "renew": 1, "transfer": 0}
+
+
+def test_faults_reach_code_on_the_sync_facade() -> None:
+    leases = FaultyProvider(leasekit.MemoryLeaseProvider())
+    with leasekit.sync.wrap(leases, close=True) as blocking:
+        leases.fail_next(2, operation="renew")
+        assert blocking.acquire_lease("k", "a", 60_000).acquired
+        for _ in range(2):
+            with pytest.raises(LeaseBackendTimeout):
+                blocking.renew_lease("k", "a", 60_000)
+        assert blocking.renew_lease("k", "a", 60_000)
+
+
 # -- the pytest fixtures ----------------------------------------------------------------------
 
 
@@ -291,3 +378,26 @@ async def test_the_fixtures_give_a_clock_and_a_faulty_store_on_it(
     await fake_leases.acquire_lease("k", "a", 1000)
     await lease_clock.advance(1000)
     assert await fake_leases.get_lease_owner("k") is None
+
+
+def test_the_docs_pytest_example_passes_in_a_pytest_of_its_own(tmp_path: Path) -> None:
+    # The other examples on the page are programs that the docs tests run; this one is a
+    # test module, so it runs the way a user runs it: pytest, with the fixtures found
+    # through leasekit's pytest11 entry point alone.
+    page = Path(__file__).resolve().parent.parent / "docs" / "testing-your-code.md"
+    fence = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+    blocks = fence.findall(page.read_text("utf-8"))
+    (example,) = [block for block in blocks if "lease_clock" in block]
+    (tmp_path / "test_example.py").write_text(example, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "error", "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
