@@ -101,6 +101,28 @@ async def test_a_transfer_wakes_waiters_who_are_denied_again() -> None:
     assert (await asyncio.wait_for(waiter, BOUND_S)).owner == "bob"
 
 
+class RefusingProvider(CountingProvider):
+    """Declares notifications, but the store refuses every subscription."""
+
+    async def watch_release(self, key: str) -> Any:
+        raise leasekit.LeaseBackendError("subscription refused", backend="test", key=key)
+
+
+async def test_a_refused_subscription_degrades_to_polling() -> None:
+    provider = RefusingProvider(MemoryLeaseProvider())
+    await provider.acquire_lease("k", "alice", 60_000)
+    with pytest.raises(LeaseHeld) as info:  # not the refusal
+        await leasekit.wait_for(provider, "k", "bob", 60_000, 0.2, poll_s=0.01)
+    assert info.value.holder == "alice"
+    assert provider.acquires >= 2  # it looked again after the refusal
+    waiter = asyncio.ensure_future(
+        leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=0.01, max_poll_s=0.02)
+    )
+    await asyncio.sleep(0.05)
+    await provider.release_lease("k", "alice")
+    assert (await asyncio.wait_for(waiter, BOUND_S)).owner == "bob"
+
+
 async def test_wait_for_times_out_with_lease_held_naming_the_holder() -> None:
     provider = MemoryLeaseProvider()
     await provider.acquire_lease("k", "alice", 60_000)
