@@ -256,10 +256,12 @@ async def test_sqlite_waiters_take_a_dead_holders_key_at_its_expiry_not_the_next
         await provider.acquire_lease("k", "dead", 400)
         remaining = await provider.lease_remaining_ms("k")  # type: ignore[attr-defined]
         assert 0 < remaining <= 400
-        # Polling at max_poll_s=60 s would sleep far past the expiry; the remaining time
-        # caps each pause, so the key is taken once the holder's lease runs out.
+        # Polling alone would first sleep 30 to 60 s (poll_s=60, jittered), past BOUND_S;
+        # the remaining time caps each pause, so the key is taken once the lease runs out.
         result = await asyncio.wait_for(
-            leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=30, max_poll_s=60),
+            leasekit.wait_for(
+                provider, "k", "bob", 60_000, None, poll_s=SLOW_POLL_S, max_poll_s=SLOW_POLL_S
+            ),
             BOUND_S,
         )
         assert result.owner == "bob"
