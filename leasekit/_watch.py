@@ -12,6 +12,7 @@ exponential backoff, as before. A hint is never a grant: the caller always asks 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncGenerator
 from types import TracebackType
@@ -21,11 +22,13 @@ from . import _hooks
 from ._capabilities import capabilities_of
 from ._clock import REAL_CLOCK, Clock
 from ._contract import LeaseProvider, validate_key, validate_owner, validate_ttl_ms
-from ._errors import InvalidLeaseArgument
+from ._errors import InvalidLeaseArgument, LeaseBackendError
 from .backend._notify import ReleaseWatch, SupportsRemaining
 from .backend._records import supports
 
 __all__ = ["KeyWaiter", "elect", "leaders", "watch_owner"]
+
+_log = logging.getLogger("leasekit")
 
 _DEFAULT_POLL_S = 0.05
 _DEFAULT_MAX_POLL_S = 1.0
@@ -85,7 +88,14 @@ class KeyWaiter:
         if capabilities_of(provider).release_notifications and callable(
             getattr(provider, "watch_release", None)
         ):
-            self._watch = await provider.watch_release(self.key)
+            try:
+                self._watch = await provider.watch_release(self.key)
+            except LeaseBackendError as exc:
+                # No channel for this wait (the server refused the subscription, e.g. an
+                # ACL user without pub/sub rights, or it could not be opened): poll, as
+                # without notifications. The acquires still report a store that is down.
+                _log.debug("release notifications unavailable for this wait (%s)", exc)
+                return False
             return True
         return False
 

@@ -5,11 +5,16 @@ Driven with raw puts and deletes through aetcd on a real etcd, apart from the pr
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
-from servers import missing_extra
+from servers import EtcdServer, missing_extra
+
+import leasekit
 
 try:
     import aetcd
@@ -64,3 +69,33 @@ async def test_closing_wakes_every_waiter(client: Any, etcd_prefix: str) -> None
     watch = await listener.watch("k", etcd_prefix.encode(), etcd_prefix.encode() + b"\xff")
     await listener.aclose()
     assert await watch.wait(0)
+
+
+def _watchers_on(server: EtcdServer) -> int:
+    """The watches the server holds now, from its own metrics (every client's)."""
+    url = f"http://{server.host}:{server.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError("etcd reports no etcd_debugging_mvcc_watcher_total")
+
+
+async def test_waiters_of_one_key_arriving_together_share_one_watch(
+    private_etcd_server: EtcdServer,
+) -> None:
+    """Ten waiters of one key in the same loop turn: one watch at the server, and none
+    once they have all left (each used to create its own, and nine outlived them)."""
+    server = private_etcd_server
+    async with leasekit.connect(server.url) as provider:
+        assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+        before = await asyncio.to_thread(_watchers_on, server)
+        watches = await asyncio.gather(*(provider.watch_release("k") for _ in range(10)))
+        assert await asyncio.to_thread(_watchers_on, server) == before + 1
+        await provider.release_lease("k", "alice")
+        for watch in watches:
+            assert await watch.wait(BOUND_S)
+            watch.close()
+        with anyio.fail_after(BOUND_S):  # the cancel goes out in the background
+            while await asyncio.to_thread(_watchers_on, server) != before:  # noqa: ASYNC110 (the server's count)
+                await asyncio.sleep(0.01)

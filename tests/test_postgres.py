@@ -1344,3 +1344,17 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
         await provider.release_lease("k", "alice")
         assert (await asyncio.wait_for(waiter, 30)).owner == "bob"
         assert provider._listener._conn is None  # never listened
+        # Its release sends no NOTIFY: a listener's first notification is the release
+        # that a provider with notifications made after it (delivered in commit order).
+        async with leasekit.connect(postgres_url, table=postgres_table) as notifying:
+            channel = notifying._channel
+            assert channel is not None
+            async with await psycopg.AsyncConnection.connect(
+                postgres_url, autocommit=True
+            ) as listening:
+                await listening.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                await provider.release_lease("k", "bob")
+                await notifying.acquire_lease("m", "carol", LONG_MS)
+                await notifying.release_lease("m", "carol")
+                first = [n.payload async for n in listening.notifies(timeout=30, stop_after=1)]
+                assert [bytes.fromhex(payload).decode() for payload in first] == ["m"]

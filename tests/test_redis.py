@@ -498,13 +498,6 @@ async def test_500_tasks_on_one_provider_at_default_settings_get_no_error(
     assert errors == []
     assert done >= 500
 
-    @pytest.fixture
-    def break_notifications(self) -> Any:
-        async def cut(provider: RedisLeaseProvider) -> None:
-            await provider.break_notifications()
-
-        return cut
-
 
 class PasswordRedisServer(RedisServer):
     """``redis-server --requirepass``: up once it refuses a PING for want of a password."""
@@ -1363,3 +1356,10 @@ class TestRedisContractAfterRestart(LeaseProviderContract):
     @pytest.fixture
     def provider_factory(self, restarting_server: RedisServer, redis_prefix: str) -> Any:
         return functools.partial(leasekit.connect, restarting_server.url, prefix=redis_prefix)
+
+    @pytest.fixture
+    def break_notifications(self) -> Any:
+        async def cut(provider: RedisLeaseProvider) -> None:
+            await provider.break_notifications()
+
+        return cut

@@ -13,13 +13,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 from anyio import fail_after as anyio_fail_after
-from servers import RedisClusterServer, missing_extra
+from servers import RedisClusterServer, RedisServer, RespError, missing_extra
+
+import leasekit
 
 try:
     import redis.asyncio
 except ImportError:  # pragma: no cover
     missing_extra("redis", "tests/test_redis_notify.py")
 
+from leasekit_redis import RedisLeaseProvider
 from leasekit_redis._notify import RedisReleaseListener, channel_name
 
 pytestmark = pytest.mark.anyio
@@ -158,3 +161,45 @@ async def test_a_cluster_listener_with_nothing_left_to_watch_lets_the_loop_run(
     finally:
         await listener.aclose()
         await client.aclose()
+
+
+async def test_an_acl_user_without_channel_rights_releases_transfers_and_waits_by_polling(
+    private_redis_server: RedisServer,
+) -> None:
+    """Redis 7 gives a new ACL user no pub/sub channels (``acl-pubsub-default
+    resetchannels``), so the server refuses the scripts' PUBLISH and the waiters'
+    SUBSCRIBE. Release and transfer must still succeed (they used to raise after their
+    write had happened), and a waiter falls back to polling instead of failing."""
+    server = private_redis_server
+    try:
+        server.command("ACL", "SETUSER", "app", "on", ">app-secret", "~*", "+@all", "resetchannels")
+    except RespError as exc:  # pragma: no cover (Redis < 6.2 has no channel permissions)
+        pytest.skip(f"this redis-server has no pub/sub channel permissions: {exc}")
+    url = f"redis://app:app-secret@{server.host}:{server.port}/0"
+    async with RedisLeaseProvider.from_url(url) as provider:
+        assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+        await provider.release_lease("k", "alice")
+        assert await provider.get_lease_owner("k") is None
+        assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+        assert await provider.transfer_lease("k", "alice", "carol", 60_000)
+        assert await provider.get_lease_owner("k") == "carol"
+        with pytest.raises(leasekit.LeaseBackendError):
+            await provider.watch_release("k")  # the premise: no channel for this user
+        # Denied, the waiter tries to subscribe, is refused, and polls until its timeout:
+        # LeaseHeld naming the holder, not the refusal.
+        with pytest.raises(leasekit.LeaseHeld) as held:
+            await leasekit.wait_for(provider, "k", "bob", 60_000, 0.5, poll_s=0.01)
+        assert held.value.holder == "carol"
+        stats = server.info("commandstats")["cmdstat_subscribe"]
+        assert "rejected_calls=0," not in stats, stats  # both refusals reached the server
+        with anyio_fail_after(BOUND_S):
+            waiter = asyncio.ensure_future(
+                leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=0.01, max_poll_s=0.05)
+            )
+            await asyncio.sleep(0.05)
+            await provider.release_lease("k", "carol")
+            assert (await waiter).owner == "bob"
+    with leasekit.sync.connect(url) as blocking:  # the blocking provider runs the same scripts
+        assert blocking.acquire_lease("s", "alice", 60_000).acquired
+        blocking.release_lease("s", "alice")
+        assert blocking.get_lease_owner("s") is None

@@ -101,6 +101,28 @@ async def test_a_transfer_wakes_waiters_who_are_denied_again() -> None:
     assert (await asyncio.wait_for(waiter, BOUND_S)).owner == "bob"
 
 
+class RefusingProvider(CountingProvider):
+    """Declares notifications, but the store refuses every subscription."""
+
+    async def watch_release(self, key: str) -> Any:
+        raise leasekit.LeaseBackendError("subscription refused", backend="test", key=key)
+
+
+async def test_a_refused_subscription_degrades_to_polling() -> None:
+    provider = RefusingProvider(MemoryLeaseProvider())
+    await provider.acquire_lease("k", "alice", 60_000)
+    with pytest.raises(LeaseHeld) as info:  # not the refusal
+        await leasekit.wait_for(provider, "k", "bob", 60_000, 0.2, poll_s=0.01)
+    assert info.value.holder == "alice"
+    assert provider.acquires >= 2  # it looked again after the refusal
+    waiter = asyncio.ensure_future(
+        leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=0.01, max_poll_s=0.02)
+    )
+    await asyncio.sleep(0.05)
+    await provider.release_lease("k", "alice")
+    assert (await asyncio.wait_for(waiter, BOUND_S)).owner == "bob"
+
+
 async def test_wait_for_times_out_with_lease_held_naming_the_holder() -> None:
     provider = MemoryLeaseProvider()
     await provider.acquire_lease("k", "alice", 60_000)
@@ -234,10 +256,12 @@ async def test_sqlite_waiters_take_a_dead_holders_key_at_its_expiry_not_the_next
         await provider.acquire_lease("k", "dead", 400)
         remaining = await provider.lease_remaining_ms("k")  # type: ignore[attr-defined]
         assert 0 < remaining <= 400
-        # Polling at max_poll_s=60 s would sleep far past the expiry; the remaining time
-        # caps each pause, so the key is taken once the holder's lease runs out.
+        # Polling alone would first sleep 30 to 60 s (poll_s=60, jittered), past BOUND_S;
+        # the remaining time caps each pause, so the key is taken once the lease runs out.
         result = await asyncio.wait_for(
-            leasekit.wait_for(provider, "k", "bob", 60_000, None, poll_s=30, max_poll_s=60),
+            leasekit.wait_for(
+                provider, "k", "bob", 60_000, None, poll_s=SLOW_POLL_S, max_poll_s=SLOW_POLL_S
+            ),
             BOUND_S,
         )
         assert result.owner == "bob"

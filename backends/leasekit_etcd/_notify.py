@@ -47,6 +47,9 @@ class EtcdReleaseListener:
         self._on_lost = lost
         self.hub = ReleaseHub(on_last=self._drop)
         self._watching: dict[str, tuple[Any, int]] = {}  # key -> (watcher, watch id)
+        # Held while a watch is created, so that waiters of one key arriving together
+        # create one watch (each created its own, and all but the last outlived them).
+        self._creating: asyncio.Lock | None = None
         # Every Watcher a watch was created on: each holds a gRPC stream open until it is
         # shut down, which must happen before the event loop closes.
         self._watchers: dict[int, Any] = {}
@@ -56,11 +59,20 @@ class EtcdReleaseListener:
         watch = self.hub.watch(key)
         try:
             if key not in self._watching:
-                await asyncio.wait_for(self._create(key, start, end), self._timeout_s)
+                await asyncio.wait_for(self._ensure(key, start, end), self._timeout_s)
         except BaseException:
             watch.close()
             raise
         return watch
+
+    async def _ensure(self, key: str, start: bytes, end: bytes) -> None:
+        """Create ``key``'s watch unless another waiter did meanwhile."""
+        if self._creating is None:
+            self._creating = asyncio.Lock()
+        # aetcd creates one watch at a time on a stream anyway: the lock costs no overlap.
+        async with self._creating:
+            if key not in self._watching:
+                await self._create(key, start, end)
 
     async def _create(self, key: str, start: bytes, end: bytes) -> None:
         from aetcd.rtypes import EventKind  # type: ignore[import-untyped]  # noqa: PLC0415

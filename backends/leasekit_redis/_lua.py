@@ -72,9 +72,12 @@ local function next_token(counter_key, counter_px)
   return token
 end
 
+-- A hint to waiters, never part of the decision: pcall, so that a PUBLISH the server
+-- refuses (a Redis 7 ACL user without channel permissions) cannot fail a release or
+-- transfer whose write has already happened. Waiters then poll.
 local function notify(lease_key, publish)
   if publish ~= '' then
-    redis.call(publish, lease_key .. ':released', '')
+    redis.pcall(publish, lease_key .. ':released', '')
   end
 end
 
