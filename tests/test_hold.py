@@ -452,6 +452,17 @@ async def test_the_deadline_reaches_the_body_in_one_loop_turn_on_a_busy_loop(
     assert at_cancel[0] - at_loss[0] <= 1
 
 
+async def test_loop_turns_are_the_loops_own_turns_after_the_block_too() -> None:
+    # The tests count turns once the block has ended: between() must still use the
+    # turn starts recorded at the selector, not fall back to the ticking task's steps.
+    async with LoopTurns() as turns:
+        for _ in range(3):
+            await asyncio.sleep(0.001)
+    assert turns.starts
+    turns.times.clear()
+    assert turns.between(0.0, time.monotonic() + 1) == len(turns.starts)
+
+
 class OutcomeRecorder:
     """Records the renewal outcomes hold() reports as events."""
 
