@@ -403,6 +403,49 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
     assert turns_at["cancelled"] - turns_at["lost"] <= 1
 
 
+def test_a_blocking_body_is_told_through_lost_a_margin_before_the_server_expiry(
+    store: Store, fault: Fault
+) -> None:
+    # leasekit.sync: the hold runs on the facade's loop thread, the body in this one.
+    seen: dict[str, float] = {}
+    with leasekit.sync.connect(fault.holder_url(), **store.options) as leases:
+        try:
+            lease = leasekit.sync.hold(
+                leases, KEY, "a", store.ttl_ms, renew_every_ms=store.renew_every_ms
+            )
+            lease._lease._add_lost_callback(lambda: seen.setdefault("lost", time.monotonic()))
+            with lease:
+                granted = lease.valid_until
+                limit = time.monotonic() + PATIENCE_S
+                while lease.valid_until == granted:  # a renewal moves it on
+                    assert time.monotonic() < limit, "no renewal"
+                    time.sleep(0.002)
+                seen["deadline"] = lease.valid_until
+                seen["expiry"] = store.expiry_bound()
+                fault.start()
+                assert lease.lost.wait(PATIENCE_S)
+                seen["told"] = time.monotonic()
+                assert lease.lost_reason == "expired"
+                assert lease.remaining() == 0.0
+                # No renewal landed after the expiry was read, so the bound still holds.
+                assert lease.valid_until == seen["deadline"]
+        finally:
+            fault.stop()  # so that closing the facade finds a server that answers
+    margin_s = lease.safety_margin_ms / 1000
+    report(
+        "sync_stalled_store",
+        backend=store.name,
+        fault=fault.kind,
+        margin_ms=lease.safety_margin_ms,
+        deadline_before_expiry_ms=round((seen["expiry"] - seen["deadline"]) * 1000, 2),
+        lost_before_expiry_ms=round((seen["expiry"] - seen["lost"]) * 1000, 2),
+        told_before_expiry_ms=round((seen["expiry"] - seen["told"]) * 1000, 2),
+    )
+    slack_s = max(SLACK_S, store.state.get("uncertainty_s", 0.0))
+    assert seen["expiry"] - seen["deadline"] >= margin_s - slack_s, (seen, slack_s)
+    assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["told"] < seen["expiry"], seen
+
+
 @pytest.mark.parametrize("fault", ["frozen_proxy"], indirect=True)
 async def test_transfer_on_a_frozen_connection_is_cut_off_at_the_deadline(
     store: Store, fault: Fault, holder: ScriptedProvider
