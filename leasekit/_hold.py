@@ -281,6 +281,9 @@ class LeaseHold:
         self._renewing = False  # cleared to stop the renewer (with a cancel)
         self._transfer: asyncio.Future[None] | None = None  # set while transfer_to() waits
         self._transfer_op: asyncio.Task[bool] | None = None
+        # A loss during transfer_to() cancels the body (on_lost="cancel") unless the body
+        # is the caller, which hears of it as transfer_to()'s LeaseLost.
+        self._cancel_on_transfer_loss = False
         self._body: asyncio.Task[object] | None = None
         self._cancelled_body = False
         self._cancelling_at_entry = 0  # the body task's cancellation count (3.11+)
@@ -422,7 +425,9 @@ class LeaseHold:
         if transfer is not None:
             # transfer_to() is waiting for an answer that has not come: whether the
             # key moved is unknown, so this holder must assume it did.
-            self._declare_lost("transfer_unknown", self._lost_cause, cancel=False)
+            self._declare_lost(
+                "transfer_unknown", self._lost_cause, cancel=self._cancel_on_transfer_loss
+            )
             if not transfer.done():
                 transfer.set_exception(self._lost_error())
         else:
@@ -638,7 +643,9 @@ class LeaseHold:
         (``"transfer_unknown"``: cut off at the deadline, a timeout, or any store error
         after which the key may have moved; the store's error is the ``__cause__``).
         Only an error that proves nothing was sent (:class:`LeaseBackendUnreachable`,
-        :class:`LeaseProviderClosed`) propagates as itself, and renewal resumes.
+        :class:`LeaseProviderClosed`) propagates as itself, and renewal resumes. Called
+        from a task other than the body, a loss here also cancels the body (with
+        ``on_lost="cancel"``), as any other loss does.
         """
         validate_owner(next_owner, "next_owner")
         ttl_ms = self.ttl_ms if ttl_ms is None else validate_ttl_ms(ttl_ms)
@@ -657,6 +664,7 @@ class LeaseHold:
         await self._stop_renewer()
         if self.lost.is_set():
             raise self._lost_error()  # the deadline passed while the renewer stopped
+        cancel = self._cancel_on_transfer_loss = asyncio.current_task() is not self._body
         waiter = self._transfer = asyncio.get_running_loop().create_future()
         op = self._transfer_op = asyncio.ensure_future(
             self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
@@ -668,7 +676,7 @@ class LeaseHold:
         except BaseException:
             op.cancel()
             # Cancelled from outside mid-flight: the key may have moved.
-            self._declare_lost("transfer_unknown", None, cancel=False)
+            self._declare_lost("transfer_unknown", None, cancel=cancel)
             raise
         finally:
             self._transfer = None
@@ -679,10 +687,10 @@ class LeaseHold:
             self._start_renewer()  # nothing reached the store: we still hold it
             raise
         except Exception as exc:
-            self._declare_lost("transfer_unknown", exc, cancel=False)
+            self._declare_lost("transfer_unknown", exc, cancel=cancel)
             raise self._lost_error() from exc
         if not handed:
-            self._declare_lost("transfer_refused", None, cancel=False)
+            self._declare_lost("transfer_refused", None, cancel=cancel)
             raise self._lost_error()
         self.transferred_to = next_owner
         self._valid_until = min(self._valid_until, self._clock.monotonic())

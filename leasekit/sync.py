@@ -622,7 +622,7 @@ class SyncLeaseHold:
             if exc_type is None:
                 raise  # the release failed, and nothing else is being reported
         if self.on_lost == "raise" and self.lost.is_set() and exc_type is None:
-            raise LeaseLost(key=self.key, owner=self.owner)
+            raise LeaseLost(key=self.key, owner=self.owner, reason=self.lost_reason)
 
     def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
         """Hand the lease to ``next_owner``; see :meth:`leasekit.LeaseHold.transfer_to`."""

@@ -167,6 +167,7 @@ class LoopTurns:
         self.starts: list[float] = []  # time.monotonic() as each turn polled for I/O
         self._task: asyncio.Task[None] | None = None
         self._selector: Any = None
+        self._watched = False  # whether `starts` was recorded (kept after the block ends)
 
     async def _tick(self) -> None:
         while True:
@@ -176,7 +177,7 @@ class LoopTurns:
 
     def between(self, start: float, end: float) -> int:
         """How many loop turns began at or after ``start`` and before ``end``."""
-        starts = self.starts if self._selector is not None else self.times
+        starts = self.starts if self._watched else self.times
         return sum(1 for t in starts if start <= t < end)
 
     def _watch_turns(self) -> None:
@@ -196,6 +197,7 @@ class LoopTurns:
 
         selector.select = watched
         self._selector = selector
+        self._watched = True
 
     async def __aenter__(self) -> LoopTurns:
         self._watch_turns()

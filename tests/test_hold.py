@@ -452,6 +452,17 @@ async def test_the_deadline_reaches_the_body_in_one_loop_turn_on_a_busy_loop(
     assert at_cancel[0] - at_loss[0] <= 1
 
 
+async def test_loop_turns_are_the_loops_own_turns_after_the_block_too() -> None:
+    # The tests count turns once the block has ended: between() must still use the
+    # turn starts recorded at the selector, not fall back to the ticking task's steps.
+    async with LoopTurns() as turns:
+        for _ in range(3):
+            await asyncio.sleep(0.001)
+    assert turns.starts
+    turns.times.clear()
+    assert turns.between(0.0, time.monotonic() + 1) == len(turns.starts)
+
+
 class OutcomeRecorder:
     """Records the renewal outcomes hold() reports as events."""
 
@@ -716,6 +727,48 @@ async def test_a_hung_transfer_is_cut_off_at_the_deadline_with_lost_already_set(
             assert lost_at >= deadline
             assert raised_turn - lost_turn <= 1  # the next loop turn
         release.set()
+    assert leasekit_tasks() == []
+
+
+@pytest.mark.parametrize("outcome", ["hung", "refused"])
+async def test_a_transfer_lost_in_a_side_task_cancels_the_body(
+    scripted: ScriptedProvider, other: LeaseProvider, outcome: str
+) -> None:
+    # on_lost="cancel": a loss is a loss, whichever task called transfer_to().
+    release = asyncio.Event()
+
+    class SideTransfer(ScriptedProvider):
+        async def transfer_lease(
+            self, key: str, from_owner: str, to_owner: str, ttl_ms: int
+        ) -> bool:
+            if outcome == "hung":
+                await release.wait()
+            else:
+                await other.transfer_lease(key, from_owner, "thief", ttl_ms)
+            return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+    lease = leasekit.hold(SideTransfer(scripted.inner), "k", "a", 300, safety_margin_ms=100)
+    side: list[BaseException] = []
+
+    async def hand_over() -> None:
+        try:
+            await lease.transfer_to("b")
+        except LeaseLost as exc:
+            side.append(exc)
+
+    async def body() -> None:
+        task = asyncio.create_task(hand_over())
+        try:
+            await asyncio.wait_for(forever(), PATIENCE_S)  # cancelled long before
+        finally:
+            await task
+
+    with pytest.raises(LeaseLost) as caught:
+        await held(lease, body)
+    release.set()
+    (error,) = side
+    reason = "transfer_unknown" if outcome == "hung" else "transfer_refused"
+    assert error.reason == caught.value.reason == lease.lost_reason == reason
     assert leasekit_tasks() == []
 
 

@@ -1,13 +1,15 @@
-"""hold() on real Redis, PostgreSQL and etcd servers: the body hears of a loss first.
+"""hold() on real Redis, PostgreSQL, etcd and MariaDB servers: the body hears of a loss first.
 
 The promise under test: a holder stops believing (``.lost`` set, the body cancelled)
 at least its safety margin before the earliest moment the *server* can give the key
 to someone else. Faults: the server stopped with SIGSTOP, the holder's connection
 frozen by a proxy (the server keeps running), a busy event loop. The server's expiry
 is read from the server right after a renewal (Redis ``PTTL``, PostgreSQL
-``expires_at - clock_timestamp()``, the etcd lease's TTL), as a lower bound on the
-local monotonic clock; every assertion compares local instants with that bound, or
-counts loop turns. None depends on how fast the machine is.
+``expires_at - clock_timestamp()``, the etcd lease's TTL, MariaDB ``expires_at -
+UTC_TIMESTAMP(6)``), as a lower bound on the local monotonic clock; every assertion
+compares local instants with that bound, or counts loop turns. None depends on how
+fast the machine is. The blocking API (``leasekit.sync.hold``) is held to the same
+bound through its ``lost`` event.
 
 Set ``LEASEKIT_HOLD_REPORT=path`` to append what each test measured (JSON lines).
 """
@@ -30,6 +32,7 @@ import pytest
 from faults import (
     PATIENCE_S,
     RENEWAL_PATHS,
+    BatchingScriptedProvider,
     FreezableProxy,
     LoopTurns,
     ScriptedProvider,
@@ -64,6 +67,7 @@ class Store:
     options: dict[str, Any]
     scheme_url: Callable[[str, int], str]
     read_expiry: Callable[[Store], float]
+    renews_in_batches: bool = True
     state: dict[str, Any] = field(default_factory=dict)
 
     def url(self, proxy: FreezableProxy | None = None) -> str:
@@ -169,8 +173,40 @@ def _etcd_expiry(store: Store) -> float:
     raise AssertionError("the etcd lease TTL never stepped down")
 
 
+def _mysql_expiry(store: Store) -> float:
+    import asyncmy  # noqa: PLC0415 (only these tests need the driver)
+
+    server = store.server
+    query = (
+        "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
+        f" FROM {store.options['table']} WHERE lease_key = %s"
+    )
+
+    async def read() -> list[tuple[float, float]]:
+        conn = await asyncmy.connect(
+            host=server.host, port=server.port, user="root", database="mysql", autocommit=True
+        )
+        bounds = []
+        try:
+            async with conn.cursor() as cursor:
+                for _ in range(READS):
+                    sent = time.monotonic()
+                    await cursor.execute(query, (KEY.encode(),))
+                    row = await cursor.fetchone()
+                    answered = time.monotonic()
+                    assert row is not None
+                    # UTC_TIMESTAMP(6) is the statement's start, after `sent`.
+                    bounds.append((sent + int(row[0]) / 1e6, answered - sent))
+        finally:
+            await conn.ensure_closed()
+        return bounds
+
+    # Called in a thread of its own (asyncio.to_thread), which has no loop yet.
+    return _tightest(store, asyncio.run(read()))
+
+
 # etcd works in whole seconds, so its cases take longer than 5 s.
-@pytest.fixture(params=["redis", "postgres", pytest.param("etcd", marks=pytest.mark.slow)])
+@pytest.fixture(params=["redis", "postgres", pytest.param("etcd", marks=pytest.mark.slow), "mysql"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     """A private server of each backend, free to pause."""
     name = request.param
@@ -200,7 +236,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             ),
             read_expiry=_postgres_expiry,
         )
-    else:
+    elif name == "etcd":
         pytest.importorskip("aetcd")
         server = request.getfixturevalue("private_etcd_server")
         # Whole seconds, so 3 s; renewed every 2 s so that the TTL report steps down
@@ -213,6 +249,20 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             options={"prefix": f"hold-{uuid.uuid4().hex[:8]}/"},
             scheme_url=lambda host, port: f"etcd://{host}:{port}",
             read_expiry=_etcd_expiry,
+            renews_in_batches=False,
+        )
+    else:
+        pytest.importorskip("asyncmy")
+        server = request.getfixturevalue("private_mariadb_server")
+        made = Store(
+            name,
+            server,
+            ttl_ms=1000,
+            renew_every_ms=300,
+            options={"table": f"leases_{uuid.uuid4().hex[:8]}"},  # in the URL's database
+            scheme_url=lambda host, port: f"mysql://root@{host}:{port}/mysql",
+            read_expiry=_mysql_expiry,
+            renews_in_batches=False,
         )
     yield made
     close = made.state.get("close")
@@ -267,6 +317,10 @@ async def forever() -> None:
     await asyncio.Event().wait()
 
 
+def renewals_of(scripted: ScriptedProvider) -> str:
+    return "batched" if isinstance(scripted, BatchingScriptedProvider) else "one_by_one"
+
+
 async def after_a_renewal(scripted: ScriptedProvider) -> int:
     renewed = scripted.renewed
     await eventually(lambda: scripted.renewed > renewed, "a renewal")
@@ -277,9 +331,9 @@ async def after_a_renewal(scripted: ScriptedProvider) -> int:
 async def holder(
     request: pytest.FixtureRequest, store: Store, fault: Fault
 ) -> AsyncIterator[ScriptedProvider]:
-    """The holder's provider, renewing one by one or in batches (etcd has no batches)."""
-    if request.param == "batched" and store.name == "etcd":
-        pytest.skip("etcd has no renew_leases")
+    """The holder's provider, renewing one by one or in batches (etcd, MySQL: no batches)."""
+    if request.param == "batched" and not store.renews_in_batches:
+        pytest.skip(f"{store.name} has no renew_leases")
     async with leasekit.connect(fault.holder_url(), **store.options) as provider:
         try:
             yield scripted_provider(provider, request.param)
@@ -329,6 +383,7 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
         "stalled_store",
         backend=store.name,
         fault=fault.kind,
+        renewals=renewals_of(holder),
         margin_ms=lease.safety_margin_ms,
         deadline_before_expiry_ms=round((seen["expiry"] - seen["deadline"]) * 1000, 2),
         lost_before_expiry_ms=round((seen["expiry"] - seen["lost"]) * 1000, 2),
@@ -346,6 +401,49 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
     # the CPU is the machine's load, which the margin absorbs: reported, not asserted.)
     assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["cancelled"] < seen["expiry"], seen
     assert turns_at["cancelled"] - turns_at["lost"] <= 1
+
+
+def test_a_blocking_body_is_told_through_lost_a_margin_before_the_server_expiry(
+    store: Store, fault: Fault
+) -> None:
+    # leasekit.sync: the hold runs on the facade's loop thread, the body in this one.
+    seen: dict[str, float] = {}
+    with leasekit.sync.connect(fault.holder_url(), **store.options) as leases:
+        try:
+            lease = leasekit.sync.hold(
+                leases, KEY, "a", store.ttl_ms, renew_every_ms=store.renew_every_ms
+            )
+            lease._lease._add_lost_callback(lambda: seen.setdefault("lost", time.monotonic()))
+            with lease:
+                granted = lease.valid_until
+                limit = time.monotonic() + PATIENCE_S
+                while lease.valid_until == granted:  # a renewal moves it on
+                    assert time.monotonic() < limit, "no renewal"
+                    time.sleep(0.002)
+                seen["deadline"] = lease.valid_until
+                seen["expiry"] = store.expiry_bound()
+                fault.start()
+                assert lease.lost.wait(PATIENCE_S)
+                seen["told"] = time.monotonic()
+                assert lease.lost_reason == "expired"
+                assert lease.remaining() == 0.0
+                # No renewal landed after the expiry was read, so the bound still holds.
+                assert lease.valid_until == seen["deadline"]
+        finally:
+            fault.stop()  # so that closing the facade finds a server that answers
+    margin_s = lease.safety_margin_ms / 1000
+    report(
+        "sync_stalled_store",
+        backend=store.name,
+        fault=fault.kind,
+        margin_ms=lease.safety_margin_ms,
+        deadline_before_expiry_ms=round((seen["expiry"] - seen["deadline"]) * 1000, 2),
+        lost_before_expiry_ms=round((seen["expiry"] - seen["lost"]) * 1000, 2),
+        told_before_expiry_ms=round((seen["expiry"] - seen["told"]) * 1000, 2),
+    )
+    slack_s = max(SLACK_S, store.state.get("uncertainty_s", 0.0))
+    assert seen["expiry"] - seen["deadline"] >= margin_s - slack_s, (seen, slack_s)
+    assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["told"] < seen["expiry"], seen
 
 
 @pytest.mark.parametrize("fault", ["frozen_proxy"], indirect=True)
@@ -375,6 +473,7 @@ async def test_transfer_on_a_frozen_connection_is_cut_off_at_the_deadline(
     report(
         "frozen_transfer",
         backend=store.name,
+        renewals=renewals_of(holder),
         margin_ms=lease.safety_margin_ms,
         raised_after_deadline_ms=round((seen["raised"] - seen["deadline"]) * 1000, 2),
         raised_before_expiry_ms=round((seen["expiry"] - seen["raised"]) * 1000, 2),
@@ -448,6 +547,7 @@ async def test_a_busy_loop_still_cancels_the_body_before_a_competitor_acquires(
     report(
         "busy_loop",
         backend=store.name,
+        renewals=renewals_of(holder),
         margin_ms=lease.safety_margin_ms,
         lost_after_deadline_ms=round((seen["lost"] - seen["deadline"]) * 1000, 2),
         cancel_after_deadline_ms=round((seen["cancelled"] - seen["deadline"]) * 1000, 2),

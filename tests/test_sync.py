@@ -265,8 +265,9 @@ def test_on_lost_raise_fails_the_block_after_a_loss(leases: SyncLeaseProvider) -
             leases.transfer_lease("k", "a", "thief", LONG_TTL_MS)
             lease.lost.wait(PATIENCE_S)
 
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost) as caught:
         body()
+    assert caught.value.reason == "renew_refused"
 
 
 def test_cancel_is_refused_in_sync(leases: SyncLeaseProvider) -> None:
