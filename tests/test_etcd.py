@@ -549,21 +549,40 @@ async def test_an_idle_etcd_lease_with_less_than_the_ttl_left_is_not_bound(
     than the TTL left, the next acquire grants a fresh one, with the full TTL."""
     server = private_etcd_server
     async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
-        assert (await p.acquire_lease("k", "a", 2_000)).acquired
+        assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.release_lease("k", "a")
         [idle] = server.lease_ids()
-        assert server.lease_ttl(idle)[1] == 3
-        while server.lease_ttl(idle)[0] >= 2:  # noqa: ASYNC110 (the server's count, whole s)
+        assert server.lease_ttl(idle)[1] == 11
+        while server.lease_ttl(idle)[0] >= 10:  # noqa: ASYNC110 (the server's count, whole s)
             await asyncio.sleep(0.05)
         before = grpc_calls(server)
-        assert (await p.acquire_lease("k", "a", 2_000)).acquired
+        assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.flush()
         # A grant and the transaction; the idle lease, too old to bind, is revoked.
         assert delta(grpc_calls(server), before) == {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}
         [fresh] = server.lease_ids()
         assert fresh != idle
-        assert server.lease_ttl(fresh)[0] >= 2
+        assert server.lease_ttl(fresh)[0] >= 10
         await p.release_lease("k", "a")
+    assert server.lease_ids() == []
+
+
+async def test_a_ttl_under_ten_seconds_gets_an_exact_etcd_lease_of_its_own(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Below 10 s a second more would be over a tenth of the TTL: no reuse there."""
+    server = private_etcd_server
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("k", "a", 9_000)).acquired
+        [lease] = server.lease_ids()
+        assert server.lease_ttl(lease)[1] == 9
+        await p.release_lease("k", "a")
+        await p.flush()
+        assert server.lease_ids() == []  # revoked, not kept
+        before = grpc_calls(server)
+        assert (await p.acquire_lease("k", "b", 9_000)).acquired
+        assert client_calls(delta(grpc_calls(server), before)) == {"LeaseGrant": 1, "Txn": 1}
+        await p.release_lease("k", "b")
     assert server.lease_ids() == []
 
 

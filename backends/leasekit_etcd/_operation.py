@@ -64,26 +64,30 @@ class Operation:
         return response
 
     async def grant(self, ttl_s: int) -> int:
-        """A fresh etcd lease for a record of ``ttl_s`` (one second longer for reuse)."""
-        requested_s = ttl_s + self.provider._extra_s
-        request = _rpc.lease_grant_request(requested_s)
+        """A fresh etcd lease for a record of ``ttl_s`` (one second longer if reused)."""
+        extra_s = self.provider._pool.extra_s(ttl_s)
+        request = _rpc.lease_grant_request(ttl_s + extra_s)
         sent_at = asyncio.get_running_loop().time()
         response: _rpc.LeaseGrantResponse = await self._call(
             lambda s, md, t: s.lease.LeaseGrant(request, timeout=t, metadata=md), safe=False
         )
         lease, granted_s = _replies.granted(response)
-        self.provider._learn_min_ttl(requested_s, granted_s)
-        self.provider._pool.granted(lease, granted_s, sent_at)
+        self.provider._learn_min_ttl(ttl_s + extra_s, granted_s)
+        if extra_s:
+            self.provider._pool.granted(lease, granted_s, sent_at)
         return lease
 
     async def lease_for(self, ttl_s: int) -> tuple[int, bool]:
         """An etcd lease to bind a record of ``ttl_s`` to: an idle one of this provider's
         that still has the whole TTL ahead of it, else a fresh grant; and whether it
         was idle (its binding may find it gone, and then takes a fresh one)."""
-        granted_s = self.provider._granted_ttl_s(ttl_s + self.provider._extra_s)
-        idle = self.provider._pool.take(granted_s, ttl_s, asyncio.get_running_loop().time())
-        if idle is not None:
-            return idle, True
+        pool = self.provider._pool
+        extra_s = pool.extra_s(ttl_s)
+        if extra_s:
+            granted_s = self.provider._granted_ttl_s(ttl_s + extra_s)
+            idle = pool.take(granted_s, ttl_s, asyncio.get_running_loop().time())
+            if idle is not None:
+                return idle, True
         return await self.grant(ttl_s), False
 
     async def bind(
@@ -226,7 +230,7 @@ class Operation:
         if granted_s <= 0:
             return False  # the etcd lease expired: the record is gone with it
         granted = self.provider._granted_ttl_s
-        if granted(ttl_s) <= granted_s <= granted(ttl_s + self.provider._extra_s):
+        if granted(ttl_s) <= granted_s <= granted(ttl_s + self.provider._pool.extra_s(ttl_s)):
             return True
         # A keep-alive restores the TTL the etcd lease was granted with; a different
         # TTL needs another etcd lease, and the record moved onto it.

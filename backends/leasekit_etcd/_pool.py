@@ -8,9 +8,11 @@ in its one transaction. That is only correct within limits, which this class kee
 - **Exclusive.** An idle lease is taken out before it is bound, so it carries at most
   one record at any time, as a freshly granted one does; revoking it, or letting it
   expire, can only ever end that one record.
-- **Never shorter than asked.** A lease's time runs from its grant (or its last
-  keep-alive), not from when it is bound. Leases are granted one second longer than
-  the TTL asked for, and one is bound again only while it still has the whole TTL
+- **Never shorter than asked, and little longer.** A lease's time runs from its grant
+  (or its last keep-alive), not from when it is bound. For TTLs of
+  ``REUSE_MIN_TTL_S`` and more (so that the extra second is at most a tenth of the
+  TTL), leases are granted one second longer than the TTL asked for, and one is bound
+  again only while it still has the whole TTL
   ahead of it, counted from a lower bound of its expiry: the moment its grant (or
   keep-alive) was *sent*, plus the TTL etcd granted, less a guard for clock-rate drift
   and the binding transaction's flight. A record bound that way outlives the
@@ -29,10 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "LeasePool"]
+__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "LeasePool"]
 
 #: Seconds added to each grant: the window in which an idle lease can be bound again.
 REUSE_EXTRA_S = 1
+#: The shortest TTL (whole seconds) whose etcd leases are reused: shorter ones are
+#: granted exactly (rounded up), since a second more would be over a tenth of them.
+REUSE_MIN_TTL_S = 10
 #: Kept in hand beyond the TTL when binding an idle lease: clock-rate drift over the
 #: lease's life and the binding transaction's time in flight.
 BIND_GUARD_S = 0.1
@@ -61,8 +66,13 @@ class LeasePool:
     def __len__(self) -> int:
         return sum(len(stack) for stack in self._idle.values())
 
+    def extra_s(self, ttl_s: int) -> int:
+        """Seconds to grant beyond ``ttl_s``: 1 if its etcd leases are reused, else 0."""
+        return REUSE_EXTRA_S if self._enabled and ttl_s >= REUSE_MIN_TTL_S else 0
+
     def granted(self, lease: int, granted_s: int, sent_at: float) -> None:
-        """A grant (sent at loop time ``sent_at``) gave ``lease`` of ``granted_s``."""
+        """A grant (sent at loop time ``sent_at``) gave ``lease`` of ``granted_s``, to
+        be kept for reuse once it is left empty."""
         self._expires_by[lease] = sent_at + granted_s
         self._granted_s[lease] = granted_s
         self._grants += 1

@@ -54,7 +54,7 @@ from ._keys import holder_range
 from ._members import Credentials, Member, Members, TlsFiles
 from ._notify import EtcdReleaseListener
 from ._operation import Operation
-from ._pool import REUSE_EXTRA_S, LeasePool
+from ._pool import LeasePool
 
 __all__ = ["EtcdLeaseProvider", "EtcdURLSettings", "url_settings"]
 
@@ -166,10 +166,11 @@ class EtcdLeaseProvider(BackendProvider):
       member's connection before trying the next.
     - ``username``/``password`` for etcd's authentication; ``tls`` with ``ca``,
       ``cert``, ``key`` (PEM bytes) for ``etcds://``.
-    - ``reuse_leases`` (default True): bind the etcd leases this provider's operations
-      left empty again, granted one second longer than the TTL for that, so that a
-      free key costs one transaction; False grants a lease of exactly the TTL (rounded
-      up) per acquire and revokes each when it is left empty.
+    - ``reuse_leases`` (default True): for TTLs of 10 s and more, bind the etcd leases
+      this provider's operations left empty again, granted one second longer than the
+      TTL for that, so that a free key costs one transaction; False (and any shorter
+      TTL) grants a lease of exactly the TTL (rounded up) per acquire and revokes each
+      when it is left empty.
 
     TTLs are whole seconds (rounded up) and at least the server's minimum (2 s with
     etcd's default election timeout). See ``docs/backends/etcd.md``.
@@ -248,7 +249,6 @@ class EtcdLeaseProvider(BackendProvider):
         self._seen_held = _RecentKeys(_SEEN_HELD_KEYS)
         reuse = settings["reuse_leases"].validate(reuse_leases)
         self._pool = LeasePool(self._revoke_later, enabled=reuse)
-        self._extra_s = REUSE_EXTRA_S if reuse else 0
         self._channels_closed = False
         self._watcher: Any = None
         self._listener = self._release_listener = EtcdReleaseListener(
