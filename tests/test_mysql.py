@@ -578,6 +578,55 @@ async def test_killed_connections_are_replaced_without_surfacing(
         await exercise_every_operation(p, "after-kill")
 
 
+@pytest.mark.parametrize("operation", ["renew", "transfer"])
+async def test_a_connection_killed_mid_statement_is_retried_except_for_a_transfer(
+    provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str, operation: str
+) -> None:
+    # The pool drops an idle connection whose socket the server closed; one killed while
+    # its statement runs (here: waits on a row lock) fails the statement itself.
+    await provider.acquire_lease("k", "a", LONG_MS)
+    locker = await connect_admin(mysql_url)
+    try:
+        async with locker.cursor() as cursor:
+            await cursor.execute("BEGIN")
+            await cursor.execute(
+                f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
+            )
+            call = (
+                provider.renew_lease("k", "a", LONG_MS)
+                if operation == "renew"
+                else provider.transfer_lease("k", "a", "b", LONG_MS)
+            )
+            task = asyncio.ensure_future(call)
+            waiters: list[int] = []
+
+            async def waits_anew() -> bool:
+                # A killed statement may still be listed for a while, beside its retry.
+                new = await running_on(mysql_url, mysql_table) - set(waiters)
+                waiters.extend(sorted(new))
+                return bool(new)
+
+            await eventually(waits_anew, "the statement to wait for the row lock")
+            async with admin(mysql_url) as killer:
+                await killer.execute(f"KILL CONNECTION {waiters[0]}")
+            if operation == "transfer":
+                # Not run again: had it run before the connection died, a second run
+                # would answer False for a transfer that happened.
+                with pytest.raises(leasekit.LeaseBackendError) as info:
+                    await task
+                assert not isinstance(info.value, leasekit.LeaseBackendTimeout)  # at once
+                assert info.value.key == "k"
+            else:
+                await eventually(waits_anew, "the renew to wait again on a fresh connection")
+            await cursor.execute("COMMIT")
+    finally:
+        locker.close()
+    if operation == "renew":
+        assert await task is True
+    assert await provider.get_lease_owner("k") == "a"
+    await exercise_every_operation(provider, "after-kill")
+
+
 async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recovers(
     mysql_url: str, mysql_table: str
 ) -> None:
