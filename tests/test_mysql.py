@@ -376,13 +376,20 @@ async def test_inspect_filters_by_prefix_orders_and_limits(provider: MySQLLeaseP
 # -- the server's clock ---------------------------------------------------------------------------
 
 
-async def lock_waits(url: str) -> int:
+async def running_on(url: str, table: str) -> set[int]:
+    """The connection ids of the other sessions now running a statement on ``table``.
+
+    From the process list, which is live. ``information_schema.innodb_trx`` (which says
+    who waits for a lock) is a snapshot that InnoDB refreshes only after nobody has read
+    it for 0.1 s: polled faster, it keeps showing what it showed first.
+    """
     async with admin(url) as cursor:
-        count = await one(
-            cursor,
-            "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+        await cursor.execute(
+            "SELECT id FROM information_schema.processlist"
+            " WHERE id <> CONNECTION_ID() AND command = 'Query' AND LOCATE(%s, info) > 0",
+            (table.rpartition(".")[2],),
         )
-    return int(count)
+        return {int(thread) for (thread,) in await cursor.fetchall()}
 
 
 @pytest.mark.parametrize("who", ["same owner", "takeover"])
@@ -400,7 +407,9 @@ async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
                 f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
             )
             task = asyncio.ensure_future(provider.acquire_lease("k", owner, ttl_ms))
-            await eventually(lambda: _waiting(mysql_url), "the acquire to wait for the row lock")
+            await eventually(
+                lambda: running_on(mysql_url, mysql_table), "the acquire to wait for the row lock"
+            )
             await asyncio.sleep(0.3)  # let it wait a while: NOW(6) would fall behind by this
             unlocked_at = await one(cursor, "SELECT UTC_TIMESTAMP(6)")
             await cursor.execute("COMMIT")
@@ -420,10 +429,6 @@ async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
         )
     # Times the server observed: the lease runs a full TTL from after the wait ended.
     assert expires_at >= unlocked_at + datetime.timedelta(milliseconds=ttl_ms)
-
-
-async def _waiting(url: str) -> bool:
-    return await lock_waits(url) > 0
 
 
 async def test_sessions_in_other_time_zones_agree_on_expiry(
@@ -571,6 +576,55 @@ async def test_killed_connections_are_replaced_without_surfacing(
         assert await p.get_lease_owner("k") == "a"
         assert (await p.acquire_lease("k", "a", LONG_MS)).acquired
         await exercise_every_operation(p, "after-kill")
+
+
+@pytest.mark.parametrize("operation", ["renew", "transfer"])
+async def test_a_connection_killed_mid_statement_is_retried_except_for_a_transfer(
+    provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str, operation: str
+) -> None:
+    # The pool drops an idle connection whose socket the server closed; one killed while
+    # its statement runs (here: waits on a row lock) fails the statement itself.
+    await provider.acquire_lease("k", "a", LONG_MS)
+    locker = await connect_admin(mysql_url)
+    try:
+        async with locker.cursor() as cursor:
+            await cursor.execute("BEGIN")
+            await cursor.execute(
+                f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
+            )
+            call = (
+                provider.renew_lease("k", "a", LONG_MS)
+                if operation == "renew"
+                else provider.transfer_lease("k", "a", "b", LONG_MS)
+            )
+            task = asyncio.ensure_future(call)
+            waiters: list[int] = []
+
+            async def waits_anew() -> bool:
+                # A killed statement may still be listed for a while, beside its retry.
+                new = await running_on(mysql_url, mysql_table) - set(waiters)
+                waiters.extend(sorted(new))
+                return bool(new)
+
+            await eventually(waits_anew, "the statement to wait for the row lock")
+            async with admin(mysql_url) as killer:
+                await killer.execute(f"KILL CONNECTION {waiters[0]}")
+            if operation == "transfer":
+                # Not run again: had it run before the connection died, a second run
+                # would answer False for a transfer that happened.
+                with pytest.raises(leasekit.LeaseBackendError) as info:
+                    await task
+                assert not isinstance(info.value, leasekit.LeaseBackendTimeout)  # at once
+                assert info.value.key == "k"
+            else:
+                await eventually(waits_anew, "the renew to wait again on a fresh connection")
+            await cursor.execute("COMMIT")
+    finally:
+        locker.close()
+    if operation == "renew":
+        assert await task is True
+    assert await provider.get_lease_owner("k") == "a"
+    await exercise_every_operation(provider, "after-kill")
 
 
 async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recovers(
