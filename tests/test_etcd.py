@@ -12,6 +12,7 @@ import asyncio
 import functools
 import re
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -979,6 +980,25 @@ async def test_refused_connections_on_every_member_fail_fast_as_unreachable(
         assert loop.time() - started < timeout_s
         assert info.value.key == "k"
     await provider.aclose()
+
+
+async def test_async_with_on_a_server_that_never_answers_ends_by_the_timeout() -> None:
+    """The failed check closes the provider, and closing lets gRPC settle after the call
+    it cut off (0.25 s): the check stops that much earlier, so ``async with`` as a whole
+    raises by ``timeout_s`` (before the fix: about ``timeout_s`` + 0.2 s)."""
+    timeout_s = 1.0
+    loop = asyncio.get_running_loop()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes each handshake; nobody ever answers
+        port = silent.getsockname()[1]
+        provider = EtcdLeaseProvider.from_url(f"etcd://127.0.0.1:{port}", timeout_s=timeout_s)
+        started = loop.time()
+        with pytest.raises(leasekit.LeaseBackendTimeout, match="no answer within 1 s"):
+            async with provider:
+                pass
+        assert loop.time() - started < timeout_s + 0.1
+    assert provider.closed
 
 
 async def test_a_frozen_server_times_out_within_the_timeout(
