@@ -15,15 +15,16 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import __version__, available_backends, connect
 from ._capabilities import capabilities_of
 from ._demo import DemoConfig, DemoReport, Holding, Views, run_demo
 from ._errors import InvalidLeaseArgument, LeaseBackendTimeout, LeaseError
+from .backend._records import SupportsInspect, SupportsMigrate, supports
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -366,10 +367,9 @@ async def _lease_command(args: argparse.Namespace) -> int:
 
 async def _inspect(args: argparse.Namespace) -> int:
     async with connect(args.url, **_for_reading(args.url)) as provider:
-        lister: Callable[..., Awaitable[list[Any]]] | None = getattr(provider, "inspect", None)
-        if lister is None:
+        if not supports(provider, SupportsInspect):
             raise _UsageError(f"the backend for {args.url.split(':', 1)[0]}:// cannot list leases")
-        records = await lister(args.prefix, limit=args.limit)
+        records = await cast("SupportsInspect", provider).inspect(args.prefix, limit=args.limit)
     if args.json:
         print(json.dumps([asdict(r) for r in records]))
     elif not records:
@@ -384,11 +384,10 @@ async def _inspect(args: argparse.Namespace) -> int:
 async def _migrate(args: argparse.Namespace) -> int:
     provider = connect(args.url)
     try:
-        migrate: Callable[[], Awaitable[object]] | None = getattr(provider, "migrate", None)
-        if migrate is None:
+        if not supports(provider, SupportsMigrate):
             scheme = args.url.split(":", 1)[0]
             raise _UsageError(f"the backend for {scheme}:// has no schema to migrate")
-        await migrate()
+        await cast("SupportsMigrate", provider).migrate()
         print(f"schema up to date: {provider!r}")
     finally:
         await provider.aclose()

@@ -179,6 +179,40 @@ def test_errors_are_one_line_with_a_documented_exit_status(
     assert message in lines[0]
 
 
+def _refused_port() -> int:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        return int(unused.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("driver", "command", "url", "status"),
+    [
+        (None, "owner", "redis:/user:s3cret@127.0.0.1", 2),
+        (None, "owner", "nosuchscheme://user:s3cret@127.0.0.1", 3),
+        ("redis", "owner", "redis://user:s3cret@127.0.0.1/abc", 2),
+        ("redis", "owner", "redis://user:s3cret@127.0.0.1/0?colour=blue", 2),
+        ("redis", "owner", "redis://user:s3cret@127.0.0.1:{port}/0", 3),
+        ("psycopg", "owner", "postgresql://user:s3cret@127.0.0.1:{port}/db?timeout_s=2", 3),
+        ("asyncmy", "owner", "mysql://user:s3cret@127.0.0.1:{port}/db?timeout_s=2", 3),
+        ("aetcd", "owner", "etcd://user:s3cret@127.0.0.1:{port},[::1]:{port}?timeout_s=2", 3),
+        ("redis", "check", "redis://user:s3cret@127.0.0.1:{port}/0", 3),
+        ("redis", "inspect", "redis://user:s3cret@127.0.0.1:{port}/0", 3),
+    ],
+)
+def test_no_cli_message_shows_the_urls_password(
+    driver: str | None, command: str, url: str, status: int
+) -> None:
+    if driver is not None:
+        pytest.importorskip(driver)
+    args = [command, url.format(port=_refused_port())] + (["k"] if command == "owner" else [])
+    for debug in ([], ["--debug"]):  # --debug prints the whole chained traceback
+        run = leasekit(*debug, *args)
+        assert run.returncode == status, run.stdout + run.stderr
+        assert run.stderr.strip().splitlines()[-1].startswith("leasekit: error: ")
+        assert "s3cret" not in run.stdout + run.stderr
+
+
 def test_debug_shows_the_traceback() -> None:
     run = leasekit("--debug", "owner", "nosuchscheme://x", "k")
     assert run.returncode == 3

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import re
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -981,6 +982,25 @@ async def test_refused_connections_on_every_member_fail_fast_as_unreachable(
     await provider.aclose()
 
 
+async def test_async_with_on_a_server_that_never_answers_ends_by_the_timeout() -> None:
+    """The failed check closes the provider, and closing lets gRPC settle after the call
+    it cut off (0.25 s): the check stops that much earlier, so ``async with`` as a whole
+    raises by ``timeout_s`` (before the fix: about ``timeout_s`` + 0.2 s)."""
+    timeout_s = 1.0
+    loop = asyncio.get_running_loop()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes each handshake; nobody ever answers
+        port = silent.getsockname()[1]
+        provider = EtcdLeaseProvider.from_url(f"etcd://127.0.0.1:{port}", timeout_s=timeout_s)
+        started = loop.time()
+        with pytest.raises(leasekit.LeaseBackendTimeout, match="no answer within 1 s"):
+            async with provider:
+                pass
+        assert loop.time() - started < timeout_s + 0.1
+    assert provider.closed
+
+
 async def test_a_frozen_server_times_out_within_the_timeout(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
@@ -1028,8 +1048,9 @@ async def test_no_error_and_no_repr_shows_the_password() -> None:
     assert "s3cret" not in repr(provider)
 
 
+@pytest.mark.parametrize("seconds", [2, pytest.param(10, marks=pytest.mark.slow)])
 async def test_500_concurrent_tasks_on_one_provider_see_no_error(
-    etcd_url: str, etcd_prefix: str
+    etcd_url: str, etcd_prefix: str, seconds: float
 ) -> None:
     """One gRPC channel per member multiplexes every call: no pool to run out of."""
     errors: list[BaseException] = []
@@ -1053,7 +1074,7 @@ async def test_500_concurrent_tasks_on_one_provider_see_no_error(
     # What is tested is that nothing runs out (no pool, no stream limit): a generous
     # timeout, so that a loaded machine's slow answers are not counted as errors.
     async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix, timeout_s=60) as provider:
-        until = asyncio.get_running_loop().time() + 2.0
+        until = asyncio.get_running_loop().time() + seconds
         await asyncio.gather(*(churn(task, until) for task in range(500)))
     assert errors == []
     assert cycles >= 500

@@ -1214,15 +1214,16 @@ async def test_nothing_listening_logs_nothing_at_warning_from_psycopg_pool(
     assert all(r.levelno == logging.DEBUG for r in routed)
 
 
+@pytest.mark.parametrize("seconds", [2, pytest.param(10, marks=pytest.mark.slow)])
 async def test_500_concurrent_tasks_wait_for_a_pooled_connection_without_errors(
-    postgres_url: str, postgres_table: str
+    postgres_url: str, postgres_table: str, seconds: float
 ) -> None:
     # The default pool has 10 connections; the other tasks queue for one within timeout_s.
     errors: list[BaseException] = []
     async with leasekit.connect(postgres_url, table=postgres_table) as provider:
         assert isinstance(provider.client, AsyncConnectionPool)
         assert provider.client.max_size == 10
-        stop = time.monotonic() + 2.0
+        stop = time.monotonic() + seconds
 
         async def worker(i: int) -> None:
             key, owner = f"k{i}", f"o{i}"

@@ -562,6 +562,28 @@ def test_malformed_url_is_an_invalid_argument(url: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("redis:/user:s3cret@host", {}),  # one slash: refused by the registry itself
+        ("user:s3cret@host", {}),
+        ("://user:s3cret@host", {}),
+        (" redis://user:s3cret@host", {}),
+        ("nosuchscheme://user:s3cret@host", {}),
+        ("memory://user:s3cret@host", {"require": ("persistent",)}),
+        ("memory://user:s3cret@host", {"require": ("nonsense",)}),
+    ],
+)
+def test_no_registry_error_shows_the_urls_password(url: str, options: dict[str, Any]) -> None:
+    with pytest.raises(LeaseError) as info:
+        BackendRegistry().connect(url, **options)
+    error: BaseException | None = info.value
+    while error is not None:  # the error and everything chained to it
+        for shown in (str(error), repr(error), repr(vars(error))):
+            assert "s3cret" not in shown
+        error = error.__cause__ or error.__context__
+
+
+@pytest.mark.parametrize(
     "require",
     [("nonsense",), ("fencing", "fast"), ("ttl_resolution_ms",), "Fencing", (None,)],
 )

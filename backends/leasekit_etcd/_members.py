@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from . import _rpc
 
 __all__ = [
+    "SETTLE_S",
     "Credentials",
     "Member",
     "Members",
@@ -59,7 +60,7 @@ _STATE_POLL_S = 0.005
 # event loop through gRPC's poller thread; if the loop closes first, gRPC forwards it
 # to the closed loop later, from whatever loop runs gRPC next, and that loop reports
 # "Event loop is closed".
-_SETTLE_S = 0.25
+SETTLE_S = 0.25
 
 Metadata = tuple[tuple[str, str], ...]
 Invoke = Callable[["_rpc.Stubs", Metadata, float], Awaitable[_T]]
@@ -372,15 +373,15 @@ class Members:
 
         Closing a channel cancels the calls still on it; a call that a deadline
         cancelled, or that failed, moments ago is in the same state. Both are given
-        ``_SETTLE_S`` on this event loop, so that no event of theirs outlives it.
+        ``SETTLE_S`` on this event loop, so that no event of theirs outlives it.
         """
         loop = asyncio.get_running_loop()
         cancelled = self._in_flight > 0 or self.streams_opened
         for member in self.members:
             await member.close()
-        settle_until = loop.time() + _SETTLE_S if cancelled else None
+        settle_until = loop.time() + SETTLE_S if cancelled else None
         if self._cut_off_at is not None:
-            recent = self._cut_off_at + _SETTLE_S
+            recent = self._cut_off_at + SETTLE_S
             settle_until = recent if settle_until is None else max(settle_until, recent)
         if settle_until is not None and settle_until > loop.time():
             await asyncio.sleep(settle_until - loop.time())

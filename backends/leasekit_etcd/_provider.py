@@ -51,7 +51,7 @@ from leasekit.backend import (
 from . import _rpc
 from ._errors import ERRORS
 from ._keys import holder_range
-from ._members import Credentials, Member, Members, TlsFiles
+from ._members import SETTLE_S, Credentials, Member, Members, TlsFiles
 from ._notify import EtcdReleaseListener
 from ._operation import Operation
 from ._pool import LeasePool
@@ -307,8 +307,16 @@ class EtcdLeaseProvider(BackendProvider):
         return self._members
 
     async def _connect(self) -> None:
-        # One read now, so a wrong address, TLS setting or password shows up here.
-        await self._operate(lambda op: op.ping())
+        # One read now, so a wrong address, TLS setting or password shows up here. A
+        # failed check closes the provider before `async with` raises, and closing gives
+        # gRPC SETTLE_S after the call it cut off: the check ends that much before
+        # timeout_s, so that `async with`, close included, ends by timeout_s.
+        members = self._members if self._members is not None else await self._adopt_client()
+        budget_s = max(self.timeout_s - SETTLE_S, self.timeout_s / 2)
+        try:
+            await Operation(self, members, asyncio.get_running_loop().time() + budget_s).ping()
+        except TimeoutError:  # the check's own deadline ran out between attempts
+            raise self._timeout(None) from None
 
     def _housekeep_before_close(self) -> None:
         self._revoke_idle()
