@@ -42,6 +42,7 @@ from leasekit.backend import (
     map_errors,
     parse_url,
     redact_url,
+    stop_task,
     supports,
     timeout_option,
 )
@@ -592,3 +593,39 @@ async def test_aclose_closes_the_release_listener_first_and_break_reaches_it() -
     await provider.aclose()
     await provider.aclose()
     assert events == ["broken", "listener closed", "client closed"]
+
+
+# -- stop_task ----------------------------------------------------------------------------
+
+
+async def test_stop_task_cancels_a_reader_and_waits_for_it_to_end() -> None:
+    ended = asyncio.Event()
+
+    async def reader() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    task = asyncio.get_running_loop().create_task(reader())
+    await asyncio.sleep(0)
+    await stop_task(task, 5.0)
+    assert task.cancelled()
+    assert ended.is_set()
+    await stop_task(None, 5.0)  # nothing to stop
+
+
+async def test_stop_task_gives_up_on_a_task_that_ignores_the_cancel() -> None:
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    task = asyncio.get_running_loop().create_task(stubborn())
+    await asyncio.sleep(0)
+    await stop_task(task, 0.05)
+    assert not task.done()  # left running, not waited for past the bound
+    release.set()
+    await task

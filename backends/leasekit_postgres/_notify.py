@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from leasekit.backend import ReleaseHub, ReleaseWatch
+from leasekit.backend import ReleaseHub, ReleaseWatch, stop_task
 
 __all__ = ["PostgresReleaseListener", "channel_for", "decode_payload"]
 
@@ -120,10 +120,7 @@ class PostgresReleaseListener:
         """Stop listening and close the connection; waiters are woken."""
         self._closed = True
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(reader, self._timeout_s)
+        await stop_task(reader, self._timeout_s)
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from typing import Any
 
-from leasekit.backend import ReleaseHub, ReleaseWatch
+from leasekit.backend import ReleaseHub, ReleaseWatch, stop_task
 
 __all__ = ["CHANNEL_SUFFIX", "RedisReleaseListener", "channel_name"]
 
@@ -196,10 +196,7 @@ class RedisReleaseListener:
         """Stop listening; waiters are woken and fall back to the holder's TTL."""
         self._closed = True
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        await stop_task(reader, self._timeout_s)
         self.hub.notify_all()
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:

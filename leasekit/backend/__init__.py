@@ -19,7 +19,8 @@ capabilities. Everything else is here, once:
   structurally with :func:`supports`.
 - :class:`ReleaseHub` / :class:`ReleaseWatch` and the protocols
   :class:`SupportsReleaseNotifications` and :class:`SupportsRemaining`: waking waiters
-  when a key may have become free, instead of polling.
+  when a key may have become free, instead of polling; :func:`stop_task` ends a
+  listener's reader task, bounded.
 - :class:`SyncBackendProvider`, the protocols :class:`SyncProvider` and
   :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
   native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
@@ -36,7 +37,13 @@ from __future__ import annotations
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
-from ._notify import ReleaseHub, ReleaseWatch, SupportsReleaseNotifications, SupportsRemaining
+from ._notify import (
+    ReleaseHub,
+    ReleaseWatch,
+    SupportsReleaseNotifications,
+    SupportsRemaining,
+    stop_task,
+)
 from ._provider import BackendProvider
 from ._records import (
     LeaseRecord,
@@ -96,6 +103,7 @@ __all__ = [
     "map_errors",
     "parse_url",
     "redact_url",
+    "stop_task",
     "supports",
     "sync_factory",
     "timeout_option",

@@ -20,7 +20,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._records import _register_extra
 
@@ -29,7 +29,25 @@ __all__ = [
     "ReleaseWatch",
     "SupportsReleaseNotifications",
     "SupportsRemaining",
+    "stop_task",
 ]
+
+
+async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float) -> None:
+    """Cancel a listener's reader ``task`` and wait for it to end, at most ``timeout_s``.
+
+    For a release listener's ``aclose``: whatever the task ends with (its cancellation,
+    an error, a result) is dropped, and a task that does not end in time (a driver that
+    ignores the cancel) is left to the event loop rather than waited for.
+    """
+    if task is None:
+        return
+    task.cancel()
+    # asyncio.wait, not wait_for: at its timeout wait_for cancels again and then waits
+    # for the task to end, without a bound.
+    await asyncio.wait((task,), timeout=timeout_s)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 class ReleaseWatch:
