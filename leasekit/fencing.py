@@ -150,9 +150,11 @@ def _table_parts(table: object) -> tuple[str, ...]:
 # read fetches the current token for the error message.
 
 
-def _sqlite_identifier(parts: tuple[str, ...]) -> str:
-    # Quoted, so any name is safe; the table name is the only text not passed as a parameter.
-    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
+def _quoted(parts: tuple[str, ...], quote: str) -> str:
+    """A dotted table name with each part quoted (the quote doubled inside), so any name
+    is safe: the table name is the only text of the statements not passed as a
+    parameter. SQLite quotes with ``"``, MySQL and MariaDB with a backquote."""
+    return ".".join(quote + part.replace(quote, quote * 2) + quote for part in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +166,7 @@ class _SQLiteStatements:
 
 @functools.lru_cache(maxsize=64)
 def _sqlite_statements(parts: tuple[str, ...]) -> _SQLiteStatements:
-    table = _sqlite_identifier(parts)
+    table = _quoted(parts, '"')
     return _SQLiteStatements(
         create=(
             f"CREATE TABLE IF NOT EXISTS {table} "
@@ -469,12 +471,6 @@ def fence_sqlite(
 # and MariaDB has no row alias to replace it, so the parameter is bound twice.)
 
 
-def _mysql_identifier(parts: tuple[str, ...]) -> str:
-    # Back-quoted, so any name is safe; the table name is the only text not passed as a
-    # parameter.
-    return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
-
-
 @dataclass(frozen=True, slots=True)
 class _MySQLStatements:
     existing: str
@@ -484,7 +480,7 @@ class _MySQLStatements:
 
 @functools.lru_cache(maxsize=64)
 def _mysql_statements(parts: tuple[str, ...]) -> _MySQLStatements:
-    table = _mysql_identifier(parts)
+    table = _quoted(parts, "`")
     return _MySQLStatements(
         # %(database)s (None: the connection's), %(table)s -> a row if the table exists.
         existing=(
