@@ -579,6 +579,31 @@ async def test_an_idle_etcd_lease_with_less_than_the_ttl_left_is_not_bound(
     assert server.lease_ids() == []
 
 
+async def test_a_renewal_moving_onto_an_idle_lease_revoked_by_hand_takes_a_fresh_one(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """A renewal with a new TTL moves the record onto an idle etcd lease of that TTL; if
+    etcd no longer has it, the move is refused with nothing written and made again on
+    a fresh grant: the renewal succeeds and the token stays."""
+    server = private_etcd_server
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        assert (await p.acquire_lease("other", "o", 20_000)).acquired
+        await p.release_lease("other", "o")
+        [idle] = server.lease_ids()  # an idle lease for 20 s records
+        granted = await p.acquire_lease("k", "a", 10_000)
+        assert granted.acquired
+        server.revoke_lease(idle)
+        assert await p.renew_lease("k", "a", 20_000)
+        assert await p.acquire_lease("k", "a", 20_000) == granted  # same token
+        leases = server.lease_ids()
+        assert idle not in leases
+        # The record's fresh 21 s lease, and the 11 s one it moved off, now idle.
+        assert sorted(server.lease_ttl(lease)[1] for lease in leases) == [11, 21]
+        await p.release_lease("k", "a")
+        await p.flush()
+        assert server.lease_ids() == []
+
+
 async def test_a_ttl_under_ten_seconds_gets_an_exact_etcd_lease_of_its_own(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:

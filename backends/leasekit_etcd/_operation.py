@@ -102,24 +102,24 @@ class Operation:
         forgotten and the transaction sent again on a fresh grant. Any other failure
         leaves the outcome unknown, so the lease is revoked (with whatever it may carry).
         """
-        pool = self.provider._pool
         lease, idle = await self.lease_for(ttl_s)
+        return await self._txn_on(ttl_s, lease, idle, build)
+
+    async def _txn_on(
+        self, ttl_s: int, lease: int, idle: bool, build: Callable[[int], _rpc.Request]
+    ) -> tuple[_rpc.TxnResponse, int, bool]:
+        """:meth:`bind`'s transaction on a lease already chosen."""
         try:
             return await self.txn(build(lease)), lease, idle
         except _rpc.AioRpcError as exc:
             if not (idle and _lease_gone(exc)):
                 self.provider._revoke_later(lease)
                 raise
-            pool.forget(lease)
+            self.provider._pool.forget(lease)
         except BaseException:
             self.provider._revoke_later(lease)
             raise
-        lease = await self.grant(ttl_s)
-        try:
-            return await self.txn(build(lease)), lease, False
-        except BaseException:
-            self.provider._revoke_later(lease)
-            raise
+        return await self._txn_on(ttl_s, await self.grant(ttl_s), False, build)
 
     def left_empty(self, lease: int) -> None:
         """``lease`` carries no record now: keep it for reuse if ours, else revoke it."""
@@ -246,19 +246,12 @@ class Operation:
         Neither lease carries a record then: either is kept for reuse if it is this
         provider's, revoked in the background if not. An ``idle`` lease that etcd no
         longer has fails the move with nothing written; the move is retried on a
-        fresh grant.
+        fresh grant (:meth:`bind`).
         """
-        try:
-            reply = await self.txn(_txn.relet(record, owner.encode(), fresh))
-        except _rpc.AioRpcError as exc:
-            if not (idle and _lease_gone(exc)):
-                self.provider._revoke_later(fresh)
-                raise
-            self.provider._pool.forget(fresh)
-            return await self._relet_onto(record, owner, ttl_s, await self.grant(ttl_s), False)
-        except BaseException:
-            self.provider._revoke_later(fresh)
-            raise
+        owner_b = owner.encode()
+        reply, fresh, _ = await self._txn_on(
+            ttl_s, fresh, idle, lambda lease: _txn.relet(record, owner_b, lease)
+        )
         if not reply.succeeded:
             self.left_empty(fresh)
             return None
