@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from leasekit import LeaseProvider, LeaseResult
+from leasekit.backend import parse_url
 
 LONG_MS = 60_000
 """Leases the tests must not see expire."""
@@ -40,3 +43,20 @@ async def exercise_every_operation(
     assert await p.get_lease_owner(key) == "b"
     await p.release_lease(key, "b")
     assert await p.get_lease_owner(key) is None
+
+
+async def connect_mysql(url: str, *, autocommit: bool = True, **kwargs: Any) -> Any:
+    """A plain asyncmy connection to the ``mysql://``/``mariadb://`` server of ``url``
+    (for the tests' own statements beside the provider's)."""
+    import asyncmy  # noqa: PLC0415 (only the MySQL tests need the driver)
+
+    parsed = parse_url(url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+    return await asyncmy.connect(
+        host=endpoint.host,
+        port=endpoint.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        autocommit=autocommit,
+        **kwargs,
+    )

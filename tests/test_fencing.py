@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenarios import connect_mysql
 from servers import missing_extra
 
 import leasekit
@@ -541,25 +542,11 @@ async def test_postgres_ensure_is_idempotent_and_safe_to_race(
 # -- MySQL / MariaDB -----------------------------------------------------------------------
 
 
-async def _my_connect(mysql_url: str, *, autocommit: bool = True) -> Any:
-    from leasekit.backend import parse_url  # noqa: PLC0415
-
-    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
-    endpoint = parsed.endpoints[0]
-    return await asyncmy.connect(
-        host=endpoint.host,
-        port=endpoint.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        autocommit=autocommit,
-    )
-
-
 @pytest.fixture
 async def my(mysql_url: str) -> AsyncIterator[Any]:
     """An autocommit asyncmy connection of the test's own (the caller's connection)."""
     _require(asyncmy, "mysql")
-    conn = await _my_connect(mysql_url)
+    conn = await connect_mysql(mysql_url)
     try:
         yield conn
     finally:
@@ -671,7 +658,7 @@ async def test_mysql_cursor_and_autocommit_off_connections_work_binary_safe(
 ) -> None:
     fence, _ = my_tables
     name = "doc\0bin ✓"
-    conn = await _my_connect(mysql_url, autocommit=False)  # asyncmy's default
+    conn = await connect_mysql(mysql_url, autocommit=False)  # asyncmy's default
     try:
         async with conn.cursor() as cur:
             await leasekit.fencing.fence_mysql(cur, name, 7, table=fence)
@@ -730,7 +717,7 @@ async def test_mysql_stale_writer_waits_on_the_row_lock_then_is_refused(
 ) -> None:
     fence, doc = my_tables
     await _my_write(my, fence, doc, 1, "one")
-    newer, older = await _my_connect(mysql_url), await _my_connect(mysql_url)
+    newer, older = await connect_mysql(mysql_url), await connect_mysql(mysql_url)
     try:
         older_id = await _my_thread_id(older)
         await newer.begin()
@@ -756,7 +743,7 @@ async def test_mysql_newer_writer_waiting_behind_a_rollback_goes_through(
 ) -> None:
     fence, doc = my_tables
     await _my_write(my, fence, doc, 1, "one")
-    first, second = await _my_connect(mysql_url), await _my_connect(mysql_url)
+    first, second = await connect_mysql(mysql_url), await connect_mysql(mysql_url)
     try:
         second_id = await _my_thread_id(second)
         await first.begin()
@@ -781,7 +768,7 @@ async def test_mysql_many_writers_racing_commit_in_token_order(
     refused: dict[int, int | None] = {}
 
     async def writer(token: int) -> None:
-        conn = await _my_connect(mysql_url)
+        conn = await connect_mysql(mysql_url)
         try:
             await _my_write(conn, fence, doc, token, f"by {token}")
         except StaleFencingToken as exc:
@@ -806,7 +793,7 @@ async def test_mysql_ensure_is_idempotent_safe_to_race_and_quotes_names(
 ) -> None:
     _require(asyncmy, "mysql")
     table = f"{mysql_database}.odd `fence` {uuid.uuid4().hex[:6]}"
-    conns = [await _my_connect(mysql_url) for _ in range(4)]
+    conns = [await connect_mysql(mysql_url) for _ in range(4)]
     try:
         await asyncio.gather(
             *(leasekit.fencing.ensure_mysql_fence_table(c, table=table) for c in conns)

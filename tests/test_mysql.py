@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenarios import LONG_MS, exercise_every_operation
+from scenarios import LONG_MS, connect_mysql, exercise_every_operation
 from servers import MariaDBServer, free_port, missing_extra
 
 import leasekit
 
 try:
     import asyncmy
-    from asyncmy.connection import Connection
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("mysql", "the MySQL tests")
 
@@ -55,23 +54,10 @@ async def eventually(predicate: Callable[[], Any], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def connect_admin(url: str, **kwargs: Any) -> Connection:
-    parsed = parse_url(url, schemes=("mysql", "mariadb"), default_port=3306)
-    endpoint = parsed.endpoints[0]
-    return await asyncmy.connect(
-        host=endpoint.host,
-        port=endpoint.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        autocommit=True,
-        **kwargs,
-    )
-
-
 @asynccontextmanager
 async def admin(url: str) -> AsyncIterator[Any]:
     """A cursor on a connection of the test's own, outside the code under test."""
-    conn = await connect_admin(url)
+    conn = await connect_mysql(url)
     try:
         async with conn.cursor() as cursor:
             yield cursor
@@ -399,7 +385,7 @@ async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
     ttl_ms = 5000
     first = await provider.acquire_lease("k", "a", LONG_MS if who == "same owner" else 1)
     owner = "a" if who == "same owner" else "b"
-    locker = await connect_admin(mysql_url)
+    locker = await connect_mysql(mysql_url)
     try:
         async with locker.cursor() as cursor:
             await cursor.execute("BEGIN")
@@ -585,7 +571,7 @@ async def test_a_connection_killed_mid_statement_is_retried_except_for_a_transfe
     # The pool drops an idle connection whose socket the server closed; one killed while
     # its statement runs (here: waits on a row lock) fails the statement itself.
     await provider.acquire_lease("k", "a", LONG_MS)
-    locker = await connect_admin(mysql_url)
+    locker = await connect_mysql(mysql_url)
     try:
         async with locker.cursor() as cursor:
             await cursor.execute("BEGIN")
@@ -633,7 +619,7 @@ async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recov
     timeout_s = 0.5
     async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, timeout_s=timeout_s) as p:
         await p.acquire_lease("k", "a", LONG_MS)
-        locker = await connect_admin(mysql_url)
+        locker = await connect_mysql(mysql_url)
         try:
             async with locker.cursor() as cursor:
                 await cursor.execute("BEGIN")
