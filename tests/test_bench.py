@@ -302,6 +302,47 @@ def test_the_postgres_floor_reads_the_url_as_the_provider_does(
         asyncio.run(floor.open_async(refused))
 
 
+def test_the_postgres_floor_releases_with_pg_notify_as_leasekit_does(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """With notifications on (the default), leasekit's release calls pg_notify; the floor
+    runs the same statement, so a listener on the floor table's channel hears it."""
+    import asyncio  # noqa: PLC0415
+    import uuid  # noqa: PLC0415
+
+    import psycopg  # noqa: PLC0415
+    from leasekit_postgres._notify import channel_for  # noqa: PLC0415
+    from leasekit_postgres._sql import TableName  # noqa: PLC0415
+
+    separator = "&" if "?" in postgres_url else "?"
+    url = f"{postgres_url}{separator}table={postgres_schema}.notify_leases"
+    bench = bench_schemes.scheme_bench("postgresql")
+    (floor,) = [c for c in bench.contenders if c.role == "floor"]
+    assert floor.open_async is not None
+    assert bench.cleanup is not None
+    target = BenchTarget(url, 30_000, f"leasekit-bench-{uuid.uuid4().hex[:10]}")
+    table = TableName(postgres_schema, f"{target.namespace.replace('-', '_')}_floor")
+    channel = channel_for(str(table))
+
+    async def one_cycle() -> bool:
+        assert floor.open_async is not None
+        cycler = await floor.open_async(target)
+        try:
+            return await cycler.cycle(f"{target.namespace}:k", "o")
+        finally:
+            await cycler.aclose()
+
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+        try:
+            assert asyncio.run(one_cycle())
+            heard = [n.channel for n in listener.notifies(timeout=10.0, stop_after=1)]
+        finally:
+            assert bench.cleanup is not None
+            asyncio.run(bench.cleanup(target))
+    assert heard == [channel]
+
+
 def test_errors_exit_like_the_other_commands() -> None:
     bad_url = leasekit_cli("bench", "not a url", *SHORT)
     assert bad_url.returncode == 2
