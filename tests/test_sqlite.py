@@ -258,6 +258,45 @@ async def test_sweep_keeps_tokens_increasing_for_reclaimed_keys(db_path: Path) -
         assert tokens == sorted(set(tokens)), tokens
 
 
+async def test_a_sweep_reads_one_window_of_keys_and_a_pass_reaches_every_expired_row(
+    db_path: Path,
+) -> None:
+    # No index on the expiry: each sweep walks the next sweep_batch keys in key order,
+    # deletes the expired ones among them (live ones stay), and the next pass starts
+    # over from the first key.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000, sweep_batch=4) as provider:
+        for i in range(10):
+            assert (await provider.acquire_lease(f"k{i}", "a", 60_000)).acquired
+        for i in (0, 1, 2, 5, 6, 8):
+            await provider.release_lease(f"k{i}", "a")  # a tombstone, expired at once
+        # Windows k0-k3, k4-k7, k8-k9; none all expired, so no write sweeps meanwhile.
+        assert [await provider.sweep() for _ in range(3)] == [3, 2, 1]
+        assert await provider.row_count() == 4
+        assert [r.key for r in await provider.inspect()] == ["k3", "k4", "k7", "k9"]
+        assert (await provider.acquire_lease("k0", "b", 60_000)).acquired
+        await provider.release_lease("k4", "a")
+        # The next pass, from the first key again: k0 is live now, k4 expired.
+        assert await provider.sweep() == 1
+        assert [r.key for r in await provider.inspect()] == ["k0", "k3", "k7", "k9"]
+        assert await provider.row_count() == 4
+
+
+async def test_each_lease_write_changes_one_page(db_path: Path) -> None:
+    # One B-tree page per acquire and per release: the WAL gains one frame per write.
+    # An index on the expiry, which every write changes, made it two.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000) as provider:
+        for i in range(8):
+            assert (await provider.acquire_lease(f"k{i}", "a", 60_000)).acquired
+        with sqlite3.connect(db_path) as reader:
+            reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for i in range(8):
+            await provider.release_lease(f"k{i}", "a")
+            assert (await provider.acquire_lease(f"k{i}", "b", 60_000)).acquired
+        with sqlite3.connect(db_path) as reader:
+            busy, frames, _ = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert (busy, frames) == (0, 16)
+
+
 async def test_inspect_lists_live_leases_with_prefix(provider: SQLiteLeaseProvider) -> None:
     await provider.acquire_lease("job/1", "a", 60_000)
     await provider.acquire_lease("job/2", "b", 60_000)

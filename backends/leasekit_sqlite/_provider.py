@@ -181,6 +181,8 @@ class SQLiteLeaseProvider(BackendProvider):
         self._sweep_every: int = settings["sweep_every"]
         self._sweep_batch: int = settings["sweep_batch"]
         self._writes = 0
+        # The sweep's cursor: the last key of the window swept last (see _sql).
+        self._sweep_after: bytes = _sql.SWEEP_START
         self._conn: sqlite3.Connection | None = None
         self._busy_conn: sqlite3.Connection | None = None  # whose busy_timeout is _busy_ms
         self._busy_ms = 0
@@ -383,17 +385,23 @@ class SQLiteLeaseProvider(BackendProvider):
         return work_then_sweep
 
     def _sweep(self, conn: sqlite3.Connection) -> int:
-        """Delete one bounded batch of expired rows, raising the token floor over them."""
+        """Delete the expired rows of the next window of keys, raising the token floor over them."""
 
-        def body() -> int:
-            (cutoff,) = conn.execute(_sql.SWEEP_CUTOFF).fetchone()
-            params = {"cutoff": cutoff, "batch": self._sweep_batch}
+        def body() -> tuple[int, bytes]:
+            after = self._sweep_after
+            window = {"after": after, "batch": self._sweep_batch}
+            cutoff, last, keys = conn.execute(_sql.SWEEP_WINDOW, window).fetchone()
+            following = last if keys >= self._sweep_batch else _sql.SWEEP_START
+            if last is None:
+                return 0, following
+            params = {"after": after, "last": last, "cutoff": cutoff}
             conn.execute(_sql.SWEEP_RAISE_FLOOR, params)
-            return int(conn.execute(_sql.SWEEP_DELETE, params).rowcount)
+            return int(conn.execute(_sql.SWEEP_DELETE, params).rowcount), following
 
-        deleted = self._transaction(conn, body)
+        # The cursor moves on only once the sweep has committed.
+        deleted, self._sweep_after = self._transaction(conn, body)
         if deleted >= self._sweep_batch:
-            self._writes = -1  # a backlog: sweep again on the next write
+            self._writes = -1  # a window of nothing but expired rows: sweep again next write
         return deleted
 
     # -- the contract -------------------------------------------------------------------
@@ -463,7 +471,7 @@ class SQLiteLeaseProvider(BackendProvider):
         )
 
     async def sweep(self) -> int:
-        """Reclaim one batch of expired rows now; returns how many were deleted."""
+        """Sweep the next window of ``sweep_batch`` keys now; returns how many rows it deleted."""
         return await self._run(self._sweep, None, write=False)
 
     async def row_count(self) -> int:

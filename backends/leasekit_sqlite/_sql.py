@@ -34,7 +34,12 @@ SCHEMA_VERSION = 1
 
 NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
-# Idempotent: every process may run it on first use.
+# Idempotent: every process may run it on first use. No index on expires_at_ms: every
+# acquire and release changes that column, so such an index costs each write a second
+# B-tree page to change and to write to the WAL (about a tenth of a cycle's time and
+# CPU in docs/benchmarks.md); the sweep walks the primary key instead (below). Files
+# made before keep their index ``leasekit_leases_expiry``, which nothing reads any
+# more; see docs/backends/sqlite.md for dropping it.
 CREATE_SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS leasekit_leases (
@@ -44,7 +49,6 @@ CREATE_SCHEMA = (
         expires_at_ms INTEGER NOT NULL
     ) WITHOUT ROWID
     """,
-    "CREATE INDEX IF NOT EXISTS leasekit_leases_expiry ON leasekit_leases (expires_at_ms)",
     """
     CREATE TABLE IF NOT EXISTS leasekit_meta (
         name TEXT PRIMARY KEY NOT NULL,
@@ -105,23 +109,34 @@ TRANSFER = f"""
     WHERE key = :key AND owner = :from_owner AND expires_at_ms > {NOW_MS}
 """
 
-# The sweep, in one IMMEDIATE transaction with a cutoff fixed by SWEEP_CUTOFF, so the
-# floor is raised over exactly the rows that are then deleted. :cutoff, :batch.
-SWEEP_CUTOFF = f"SELECT {NOW_MS}"
-_SWEEP_BATCH = """
+# The sweep, in one IMMEDIATE transaction: it walks the keys in primary-key order, one
+# window of at most :batch keys after the cursor :after per sweep (the provider keeps
+# the cursor, from the empty BLOB, which sorts first, back to it after the last
+# window), and deletes the rows of the window that expired by the cutoff, raising the
+# floor over exactly their tokens first. Each sweep reads at most :batch rows of the
+# key index, however large the table, and no index on the expiry is needed; a full
+# pass reaches every expired row. SWEEP_WINDOW fixes the cutoff (one clock reading
+# for both statements) and the window: the last key in it (NULL when it is empty)
+# and how many keys it holds (fewer than :batch: the pass is over).
+SWEEP_WINDOW = f"""
+    SELECT {NOW_MS}, MAX(key), COUNT(*) FROM (
+        SELECT key FROM leasekit_leases WHERE key > :after ORDER BY key LIMIT :batch
+    )
+"""
+_SWEPT = """
     SELECT key, token FROM leasekit_leases
-    WHERE expires_at_ms <= :cutoff
-    ORDER BY expires_at_ms, key
-    LIMIT :batch
+    WHERE key > :after AND key <= :last AND expires_at_ms <= :cutoff
 """
 SWEEP_RAISE_FLOOR = f"""
     UPDATE leasekit_meta
-    SET value = MAX(value, COALESCE((SELECT MAX(token) FROM ({_SWEEP_BATCH})), 0))
+    SET value = MAX(value, COALESCE((SELECT MAX(token) FROM ({_SWEPT})), 0))
     WHERE name = 'token_floor'
 """
-SWEEP_DELETE = f"""
-    DELETE FROM leasekit_leases WHERE key IN (SELECT key FROM ({_SWEEP_BATCH}))
+SWEEP_DELETE = """
+    DELETE FROM leasekit_leases
+    WHERE key > :after AND key <= :last AND expires_at_ms <= :cutoff
 """
+SWEEP_START = b""  # the cursor of a pass's first window: every key sorts after it
 
 # :prefix (a BLOB, or NULL for all), :limit. Live leases for `leasekit inspect`.
 INSPECT = f"""
