@@ -32,6 +32,7 @@ from leasekit import (
 )
 from leasekit.backend import (
     BackendProvider,
+    Deadlines,
     Endpoint,
     ErrorMap,
     Option,
@@ -404,6 +405,63 @@ async def test_a_detached_call_runs_in_the_callers_task_with_its_own_context() -
     # No task (and no loop iteration) of its own; the driver's context changes stay its own.
     assert seen == [asyncio.current_task()]
     assert _SET_BY_DRIVER.get() == "caller"
+
+
+class _LoopWithItsOwnClock(asyncio.SelectorEventLoop):
+    """A loop whose clock is not time.monotonic(): a day ahead of it."""
+
+    def time(self) -> float:
+        return super().time() + 86400.0
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 times waiters, not tasks")
+def test_deadlines_read_the_clock_of_the_loop_they_run_on() -> None:
+    async def opened(deadlines: Deadlines) -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        watch = deadlines.open()
+        after = loop.time()
+        assert watch is not None
+        assert watch.task is asyncio.current_task()
+        deadlines.close(watch)
+        return before, watch.deadline, after
+
+    for loop in (asyncio.new_event_loop(), _LoopWithItsOwnClock()):
+        deadlines = Deadlines(5.0)
+        try:
+            before, deadline, after = loop.run_until_complete(opened(deadlines))
+        finally:
+            loop.close()
+        assert before + 5.0 <= deadline <= after + 5.0, type(loop).__name__
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 times waiters, not tasks")
+def test_a_detached_call_times_out_on_a_loop_with_its_own_clock() -> None:
+    async def late() -> None:
+        provider = GateProvider(Gate(), timeout_s=0.05)
+        with pytest.raises(LeaseBackendTimeout):
+            await provider._call_detached(asyncio.Event().wait(), "k")
+        await provider.aclose()
+
+    loop = _LoopWithItsOwnClock()
+    try:
+        loop.run_until_complete(late())
+    finally:
+        loop.close()
+
+
+def test_deadlines_time_nothing_outside_a_task() -> None:
+    deadlines = Deadlines(5.0)
+    assert deadlines.open() is None  # no running loop
+    seen: list[object] = []
+    loop = asyncio.new_event_loop()
+    try:
+        loop.call_soon(lambda: seen.append(deadlines.open()))  # a callback, not a task
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    finally:
+        loop.close()
+    assert seen == [None]
 
 
 async def test_a_detached_call_that_ignores_cancellation_is_abandoned_at_the_deadline() -> None:

@@ -245,16 +245,23 @@ class PostgresLeaseProvider(BackendProvider):
         idempotent: bool = True,
         check_schema: bool = True,
     ) -> Awaitable[_T]:
-        return self._call_detached(self._attempt(operation, write, idempotent, check_schema), key)
+        return self._call_detached(
+            self._attempt(operation, (), write, idempotent, check_schema), key
+        )
 
     async def _attempt(
         self,
-        operation: Callable[[], _calls.Operation[_T]],
+        operation: Callable[..., _calls.Operation[_T]],
+        args: tuple[Any, ...],
         write: bool,
         idempotent: bool = True,
         check_schema: bool = True,
     ) -> _T:
-        """Run ``operation()`` on a connection; once more if a pooled one was dead.
+        """Run ``operation(*args)`` on a connection; once more if a pooled one was dead.
+
+        The operation and its arguments come apart, not as a closure: the contract's
+        methods call this for every operation, and a closure over their arguments
+        costs a cell per argument and a function object on each call.
 
         Bounded by ``_call_detached``, which runs it in a copy of the caller's context.
         The pool's context commits if a caller's pool hands out a connection that is
@@ -268,14 +275,14 @@ class PostgresLeaseProvider(BackendProvider):
                 await self._ensure_ready(check_schema=check_schema)
             if pool is None:
                 assert self._conn is not None
-                result = await _calls.run_single(self._conn, operation())
+                result = await _calls.run_single(self._conn, operation(*args))
             else:
                 retried = False
                 while True:
                     conn: psycopg.AsyncConnection[Any] | None = None
                     try:
                         async with pool.connection() as conn:
-                            result = await _calls.run(conn, operation())
+                            result = await _calls.run(conn, operation(*args))
                         break
                     except psycopg.OperationalError as exc:
                         if retried or not idempotent or not _calls.lost(conn):
@@ -405,21 +412,18 @@ class PostgresLeaseProvider(BackendProvider):
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
         return await self._call_detached(
-            self._attempt(lambda: _calls.acquire(self._sql, key, owner, ttl_ms), True), key
+            self._attempt(_calls.acquire, (self._sql, key, owner, ttl_ms), True), key
         )
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
-        return await self._call_detached(
-            self._attempt(lambda: _calls.owner(self._sql, key), False), key
-        )
+        return await self._call_detached(self._attempt(_calls.owner, (self._sql, key), False), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
         await self._call_detached(
-            self._attempt(lambda: _calls.release(self._sql, key, owner, self._channel), True),
-            key,
+            self._attempt(_calls.release, (self._sql, key, owner, self._channel), True), key
         )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -427,7 +431,7 @@ class PostgresLeaseProvider(BackendProvider):
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
         return await self._call_detached(
-            self._attempt(lambda: _calls.renew(self._sql, key, owner, ttl_ms), True), key
+            self._attempt(_calls.renew, (self._sql, key, owner, ttl_ms), True), key
         )
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from asyncio import base_events, events
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Deadlines", "Overdue"]
@@ -66,6 +69,19 @@ class _Open:
 
 
 _UNCANCEL = sys.version_info >= (3, 11)  # Task.uncancel() exists from 3.11
+_new_open = object.__new__
+
+# The running loop, or None outside one: what asyncio.get_running_loop() reads, without
+# the exception.
+_running_loop = events._get_running_loop
+if sys.version_info >= (3, 12):
+    _current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
+        asyncio.current_task  # implemented in C from 3.12
+    )
+else:
+    # Python 3.11's asyncio.current_task() is a Python function around this lookup (in
+    # the table the C tasks keep), and costs as much again as the rest of open().
+    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
 
 
 class Deadlines:
@@ -76,12 +92,13 @@ class Deadlines:
     later dropped from the front of) a FIFO.
     """
 
-    __slots__ = ("_loop", "_open", "_timer", "timeout_s")
+    __slots__ = ("_loop", "_now", "_open", "_timer", "timeout_s")
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._open: deque[_Open] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._now: Callable[[], float] = time.monotonic
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -95,15 +112,21 @@ class Deadlines:
         ``None`` (Python 3.10, or outside a task) means the caller must bound the call
         another way: :meth:`start` with a waiter, or ``asyncio.wait_for``.
         """
-        if sys.version_info < (3, 11):
+        if not _UNCANCEL:
             return None
-        task = asyncio.current_task()
+        loop = _running_loop()
+        if loop is None:
+            return None
+        task = _current_task(loop)
         if task is None:
             return None
-        loop = task.get_loop()
         if loop is not self._loop:
             self._switch(loop)
-        watch = _Open(loop.time() + self.timeout_s, task, None, task.cancelling())
+        # The record without a call to _Open.__init__: this runs for every operation.
+        watch = _new_open(_Open)
+        watch.deadline = self._now() + self.timeout_s
+        watch.task, watch.waiter, watch.cancelling = task, None, task.cancelling()
+        watch.closed = watch.expired = False
         self._open.append(watch)
         if self._timer is None:
             self._timer = loop.call_at(watch.deadline, self._expire, loop)
@@ -114,7 +137,7 @@ class Deadlines:
         loop = waiter.get_loop()
         if loop is not self._loop:
             self._switch(loop)
-        watch = _Open(loop.time() + self.timeout_s, None, waiter, 0)
+        watch = _Open(self._now() + self.timeout_s, None, waiter, 0)
         self._open.append(watch)
         if self._timer is None:
             self._timer = loop.call_at(watch.deadline, self._expire, loop)
@@ -136,6 +159,10 @@ class Deadlines:
         # First use, or the provider now runs on another loop: what was open on the old
         # one is forgotten (its timer, if it ever fires, finds itself stale).
         self._loop, self._open, self._timer = loop, deque(), None
+        # asyncio's own loops read time.monotonic(); calling it directly saves a Python
+        # call per operation. A loop with a clock of its own is asked.
+        own_clock = getattr(type(loop), "time", None) is base_events.BaseEventLoop.time
+        self._now = time.monotonic if own_clock else loop.time
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         if loop is not self._loop:

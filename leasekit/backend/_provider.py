@@ -170,14 +170,14 @@ class BackendProvider:
         try:
             context = contextvars.copy_context()
             run = context.run
-            step: Callable[[Any], Any] = coroutine.send
+            send: Callable[[Any], Any] = coroutine.send
+            step = send
             argument: Any = None
             while True:
                 try:
                     yielded = run(step, argument)
                 except StopIteration as stop:
-                    result: _T = stop.value
-                    return result
+                    return stop.value  # type: ignore[no-any-return]
                 try:
                     argument = yield yielded
                 except GeneratorExit:
@@ -191,7 +191,7 @@ class BackendProvider:
                 except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
                     step, argument = coroutine.throw, exc
                 else:
-                    step = coroutine.send
+                    step = send
         except asyncio.CancelledError:
             if deadlines.close(watch):
                 raise self._timeout(key) from None
