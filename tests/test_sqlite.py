@@ -297,6 +297,40 @@ async def test_each_lease_write_changes_one_page(db_path: Path) -> None:
         assert (busy, frames) == (0, 16)
 
 
+async def test_the_sweep_after_writes_leaves_a_table_smaller_than_one_window_alone(
+    db_path: Path,
+) -> None:
+    # Keys in use, released and taken again: their tombstones stay (the tokens go on
+    # rising from them) and no sweep writes a transaction of its own: one WAL frame
+    # per write, though a sweep follows every write.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1, sweep_batch=16) as provider:
+        tokens = []
+        for i in range(8):
+            assert (await provider.acquire_lease(f"k{i}", "a", 60_000)).acquired
+        with sqlite3.connect(db_path) as reader:
+            reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for _ in range(3):
+            for i in range(8):
+                await provider.release_lease(f"k{i}", "a")
+                result = await provider.acquire_lease(f"k{i}", "a", 60_000)
+                tokens.append(result.token)
+        with sqlite3.connect(db_path) as reader:
+            busy, frames, _ = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert (busy, frames) == (0, 48)
+        assert await provider.row_count() == 8
+        # Asked for, a sweep still reclaims them.
+        for i in range(8):
+            await provider.release_lease(f"k{i}", "a")
+        assert await provider.sweep() == 8
+        assert await provider.row_count() == 0
+        # A table of a full window is swept after writes again.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1, sweep_batch=4) as provider:
+        for i in range(4):
+            assert (await provider.acquire_lease(f"k{i}", "a", 60_000)).acquired
+            await provider.release_lease(f"k{i}", "a")
+        assert await provider.row_count() < 4
+
+
 async def test_inspect_lists_live_leases_with_prefix(provider: SQLiteLeaseProvider) -> None:
     await provider.acquire_lease("job/1", "a", 60_000)
     await provider.acquire_lease("job/2", "b", 60_000)

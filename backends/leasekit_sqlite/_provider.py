@@ -24,7 +24,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
@@ -263,7 +263,7 @@ class SQLiteLeaseProvider(BackendProvider):
             self._set_busy_timeout(conn, deadline)
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
 
-            def setup() -> None:
+            def setup(conn: sqlite3.Connection) -> None:
                 # Both steps write only when needed, so opening a provider does not wait
                 # for a writer that holds the lock on an already prepared file.
                 if self.create and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -280,7 +280,7 @@ class SQLiteLeaseProvider(BackendProvider):
                         ) from exc
                     self._transaction(conn, lambda: [conn.execute(s) for s in _sql.CREATE_SCHEMA])
 
-            self._retry_busy(setup, deadline)
+            self._retry_busy(setup, conn, deadline)
         except BaseException:
             conn.close()
             raise
@@ -315,7 +315,9 @@ class SQLiteLeaseProvider(BackendProvider):
     _transaction = staticmethod(_work.transaction)
 
     @staticmethod
-    def _retry_busy(fn: Callable[[], _T], deadline: float) -> _T:
+    def _retry_busy(
+        fn: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection, deadline: float
+    ) -> _T:
         # busy_timeout covers most waits inside SQLite, but a few paths (WAL recovery,
         # a checkpoint racing a write) return SQLITE_BUSY at once; those are retried
         # here with jittered backoff until the caller's deadline, never surfaced as a
@@ -323,7 +325,7 @@ class SQLiteLeaseProvider(BackendProvider):
         delay = 0.001
         while True:
             try:
-                return fn()
+                return fn(conn)
             except sqlite3.OperationalError as exc:  # noqa: PERF203 (the retry loop is the point)
                 if not _is_busy(exc) or isinstance(exc, DatabaseLocked | DatabaseUnavailable):
                     raise
@@ -347,25 +349,29 @@ class SQLiteLeaseProvider(BackendProvider):
             # Left open by a ROLLBACK that failed: the autocommit statements would run
             # inside it and never commit.
             conn.execute("ROLLBACK")
-        return self._retry_busy(lambda: work(conn), deadline)
+        return self._retry_busy(work, conn, deadline)
 
     async def _in_executor(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``work`` in the provider's thread; the caller's ``_call`` bounds the wait."""
-        with self._executor_lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="leasekit-sqlite"
-                )
-            executor = self._executor
+        executor = self._executor
+        if executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="leasekit-sqlite"
+                    )
+                executor = self._executor
         deadline = time.monotonic() + self.timeout_s
         return await asyncio.get_running_loop().run_in_executor(
             executor, self._in_thread, work, deadline
         )
 
-    async def _run(
+    def _run(
         self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
-    ) -> _T:
-        return await self._call(self._in_executor(self._sweeping(work, write=write)), key)
+    ) -> Coroutine[Any, Any, _T]:
+        # Not a coroutine of its own: the caller awaits _call's, one frame fewer on
+        # every resumption.
+        return self._call(self._in_executor(self._sweeping(work, write=write)), key)
 
     def _sweeping(
         self, work: Callable[[sqlite3.Connection], _T], *, write: bool
@@ -379,13 +385,26 @@ class SQLiteLeaseProvider(BackendProvider):
 
         def work_then_sweep(conn: sqlite3.Connection) -> _T:
             result = work(conn)
-            self._sweep(conn)
+            self._sweep(conn, small_tables=False)
             return result
 
         return work_then_sweep
 
-    def _sweep(self, conn: sqlite3.Connection) -> int:
-        """Delete the expired rows of the next window of keys, raising the token floor over them."""
+    def _sweep(self, conn: sqlite3.Connection, *, small_tables: bool = True) -> int:
+        """Delete the expired rows of the next window of keys, raising the token floor over them.
+
+        With ``small_tables=False`` (the sweep after every ``sweep_every``-th write) a
+        table of fewer than ``sweep_batch`` rows is left as it is: it is bounded
+        already, and its expired rows are mostly the tombstones of keys in use, which
+        the next acquire of each would otherwise have to insert again (and each sweep
+        would write, and sync, a transaction of its own). One read tells, without the
+        write lock.
+        """
+        if not small_tables and self._sweep_after == _sql.SWEEP_START:
+            window = {"after": _sql.SWEEP_START, "batch": self._sweep_batch}
+            ((_, _, keys),) = conn.execute(_sql.SWEEP_WINDOW, window).fetchall()  # to the end
+            if keys < self._sweep_batch:
+                return 0
 
         def body() -> tuple[int, bytes]:
             after = self._sweep_after
