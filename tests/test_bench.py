@@ -101,8 +101,12 @@ def rows(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 def assert_measured(result: dict[str, Any]) -> None:
     """Numbers that any working contender produces, however slow the machine."""
     assert result["error"] is None, result
-    assert result["cycles"] > 0
-    assert result["cycles_per_s"] > 0
+    assert result["attempts"] >= result["tasks"]  # one measured attempt per task at least
+    if not SCENARIOS[result["scenario"]].shared_key:
+        # On one shared key, a window a loaded machine fills with a few attempts may
+        # see each of them denied; on keys of its own every attempt succeeds.
+        assert result["cycles"] > 0
+        assert result["cycles_per_s"] > 0
     assert result["attempts"] == result["cycles"] + result["denied"]
     assert 0 < result["p50_ms"] <= result["p99_ms"]
     assert result["cpu_us"] > 0
@@ -730,3 +734,32 @@ def test_a_scheme_claimed_twice_or_broken_says_so(
             bench_schemes.scheme_bench("mem1")
     finally:
         sys.modules.pop("bench_wrong", None)
+
+
+def test_a_cycle_longer_than_the_window_is_still_measured_once_per_task() -> None:
+    # A loaded machine, or a store's fsync, can make one cycle outlast the whole
+    # window: each task's last warmup cycle then ends after the window closed. The
+    # task still makes one measured attempt, so a slow contender reports a slow rate
+    # rather than none (it reported 0 cycles before).
+    import asyncio  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from leasekit._bench import _runner  # noqa: PLC0415
+
+    calls: list[str] = []
+
+    async def slow_cycle(key: str, owner: str) -> bool:
+        calls.append(key)
+        await asyncio.sleep(0.01)
+        return True
+
+    def blocking_cycle(key: str, owner: str) -> bool:
+        calls.append(key)
+        return True
+
+    closed = time.perf_counter_ns()  # warmup and window both over before the task starts
+    sample = asyncio.run(_runner._async_task(slow_cycle, ["a", "b"], "o", closed, closed))
+    assert (sample.cycles, sample.denied, len(sample.latencies_ns)) == (1, 0, 1)
+    assert calls == ["a"]
+    sample = _runner._sync_task(blocking_cycle, ["a", "b"], "o", closed, closed)
+    assert (sample.cycles, sample.denied, len(sample.latencies_ns)) == (1, 0, 1)
