@@ -219,6 +219,11 @@ async def test_lost_quorum_is_typed_errors_and_a_restored_one_resumes(
     granted = await holder.acquire_lease("k", "holder", HELD_MS)
     assert granted.token is not None
     leader = private_etcd_cluster.wait_healthy()
+    # The survivor must be running: wait_healthy() looks only at live members, and a
+    # member that died unseen would leave no one to answer "no leader" below.
+    live = private_etcd_cluster.live_members()
+    down = [m for m in private_etcd_cluster.members if m not in live]
+    assert not down, "\n".join(f"{m.member_name}: {m.log_tail(20)}" for m in down)
     follower = next(m for m in private_etcd_cluster.members if m is not leader)
     leader.kill()
     follower.kill()
