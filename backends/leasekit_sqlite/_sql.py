@@ -123,19 +123,15 @@ SWEEP_WINDOW = f"""
         SELECT key FROM leasekit_leases WHERE key > :after ORDER BY key LIMIT :batch
     )
 """
-_SWEPT = """
-    SELECT key, token FROM leasekit_leases
-    WHERE key > :after AND key <= :last AND expires_at_ms <= :cutoff
-"""
+# The rows one sweep deletes: the window's expired ones. One condition for both
+# statements, so the floor is raised over exactly the rows then deleted.
+_SWEPT = "key > :after AND key <= :last AND expires_at_ms <= :cutoff"
 SWEEP_RAISE_FLOOR = f"""
     UPDATE leasekit_meta
-    SET value = MAX(value, COALESCE((SELECT MAX(token) FROM ({_SWEPT})), 0))
+    SET value = MAX(value, COALESCE((SELECT MAX(token) FROM leasekit_leases WHERE {_SWEPT}), 0))
     WHERE name = 'token_floor'
 """
-SWEEP_DELETE = """
-    DELETE FROM leasekit_leases
-    WHERE key > :after AND key <= :last AND expires_at_ms <= :cutoff
-"""
+SWEEP_DELETE = f"DELETE FROM leasekit_leases WHERE {_SWEPT}"
 SWEEP_START = b""  # the cursor of a pass's first window: every key sorts after it
 
 # :prefix (a BLOB, or NULL for all), :limit. Live leases for `leasekit inspect`.
