@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
@@ -43,6 +44,7 @@ from ._hold import _DEFAULT_MAX_POLL_S, _DEFAULT_POLL_S, LeaseHold
 from ._hold import wait_for as _async_wait_for
 from ._registry import BackendRegistry, _validate_require, scheme_of
 from ._watch import watch_owner as _async_watch_owner
+from .backend._fork import keep_forever, on_fork_in_child
 from .backend._sync import SyncProvider, sync_factory
 
 __all__ = [
@@ -146,6 +148,26 @@ class SyncLeaseProvider:
             # The loop path builds the provider now, so a bad URL raises here.
             self._loop_runner()
             self.backend = _hooks.backend_name(self._async_provider)
+        on_fork_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's loop thread, its holds and its locks.
+
+        The thread does not exist here, and its loop's wake-up pipe is shared with the
+        parent: both are kept untouched, and the next call that needs a loop starts one
+        of the child's own. The async provider stays: it builds itself anew on that
+        loop (:class:`leasekit.backend.BackendProvider`); the native provider did so
+        already. Leases the parent holds in :func:`hold` stay the parent's.
+        """
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # its callback would wake the parent's loop
+            self._finalizer = None
+        if self._runner is not None:
+            keep_forever(self._runner)
+            self._runner = None
+        self._holds = set()
 
     def _loop_runner(self) -> _LoopThread:
         """The loop thread, started (and the async provider built on it) on first need."""
@@ -158,6 +180,11 @@ class SyncLeaseProvider:
                     raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
                 runner = _LoopThread(self._thread_name)
                 finalizer = weakref.finalize(self, _stop_abandoned, runner.loop)
+                if self._async_provider is not None:
+                    # A forked child: the provider was built (and opened) in the parent.
+                    self._finalizer = finalizer
+                    self._runner = runner
+                    return runner
                 try:
                     built = asyncio.run_coroutine_threadsafe(_call(self._build), runner.loop)
                     self._async_provider = provider = self._wait(built)
@@ -510,6 +537,7 @@ class SyncLeaseHold:
         self._closed_by_facade = False
         self._release: asyncio.Event | None = None
         self._done: concurrent.futures.Future[None] | None = None
+        self._pid = os.getpid()
 
     @property
     def key(self) -> str:
@@ -554,7 +582,11 @@ class SyncLeaseHold:
     def lost_reason(self) -> str | None:
         """Why the lease was lost (see :class:`leasekit.LeaseHold`), ``"closed"`` if the
         facade was closed under the hold, or ``None``."""
-        return "closed" if self._closed_by_facade else self._lease.lost_reason
+        if self._closed_by_facade:
+            return "closed"
+        if self._pid != os.getpid():
+            return "forked"
+        return self._lease.lost_reason
 
     @property
     def transferred_to(self) -> str | None:
@@ -586,6 +618,7 @@ class SyncLeaseHold:
     def __enter__(self) -> SyncLeaseHold:
         if self._done is not None:
             raise RuntimeError("a SyncLeaseHold is entered once; call leasekit.sync.hold() again")
+        self._pid = os.getpid()
         entered: concurrent.futures.Future[None] = concurrent.futures.Future()
         done = self._done = self._facade._submit(self._hold_until_released(entered))
         try:
@@ -608,6 +641,11 @@ class SyncLeaseHold:
         done = self._done
         release = self._release
         if done is None or release is None:
+            return
+        if self._pid != os.getpid():
+            # A forked child leaving a block the parent entered: the lease is the
+            # parent's, renewed and released by the parent; this process never held it.
+            self.lost.set()
             return
         loop = self._facade._loop_runner().loop
         if not done.done():

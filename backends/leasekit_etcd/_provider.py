@@ -283,6 +283,23 @@ class EtcdLeaseProvider(BackendProvider):
 
     # -- one operation: its deadline, its round trips, its errors ---------------------
 
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: refuse every call, with the reason, instead of crashing.
+
+        gRPC cannot run in a process forked after it started (its C core's threads and
+        pollers are not in the child, and grpc.aio has no fork support: a call aborts
+        the process or never answers), whether on the parent's channel or a new one.
+        An etcd provider is built and first used after the fork, in each child.
+        """
+        if not self._closing and self._loop is not None:  # used, so gRPC has started
+            self._closing = True
+            self._closed_reason = (
+                "etcd: this provider was made in a process that has since forked, and gRPC "
+                "cannot work in a forked child once it has started; build the etcd provider "
+                "in each child, after the fork (gunicorn: in post_fork or at first request), "
+                "and use no etcd client in the parent before forking"
+            )
+
     async def _run(self, key: str | None, work: Callable[[Operation], Awaitable[_T]]) -> _T:
         """Run one operation within ``timeout_s``, its errors mapped at one boundary."""
         return await self._call(self._operate(work), key)
@@ -422,6 +439,7 @@ class EtcdLeaseProvider(BackendProvider):
         """Watch ``key`` for release, transfer and expiry: a delete watch on its records."""
         validate_key(key)
         start, end = holder_range(self._prefix, key)
+        self._refuse_if_closed()
         return await self._call(self._listener.watch(key, start, end), key)
 
     async def _release_watcher(self) -> Any:

@@ -46,6 +46,7 @@ from leasekit.backend import (
     LeaseRecord,
     Option,
     OptionSet,
+    Rebuild,
     RenewItem,
     check_renew_items,
     parse_url,
@@ -145,6 +146,8 @@ class SQLiteLeaseProvider(BackendProvider):
     """
 
     backend: ClassVar[str] = _BACKEND
+    # sqlite3 runs in a thread of the provider's own: no connection belongs to a loop.
+    _loop_bound: ClassVar[bool] = False
     capabilities: Capabilities = Capabilities(
         atomic_transfer=True,
         fencing=True,
@@ -175,6 +178,8 @@ class SQLiteLeaseProvider(BackendProvider):
                 scheme="sqlite",
             )
         super().__init__(timeout_s=settings["timeout_s"], owns_client=True)
+        # Its client is the file's name: a forked child opens the file anew.
+        self._rebuild = Rebuild(type(self), path, options)
         self.path = path
         self.create: bool = settings["create"]
         self._synchronous: str = settings["synchronous"]

@@ -25,6 +25,9 @@ capabilities. Everything else is here, once:
   :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
   native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
   options and errors.
+- :func:`on_fork_in_child`, :func:`keep_forever` and :class:`Rebuild`: what a provider
+  forgets in a forked child, and how it builds itself anew there (the base classes
+  do it for a backend whose ``from_url`` built the provider).
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -37,6 +40,7 @@ from __future__ import annotations
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
+from ._fork import ForkAware, Rebuild, keep_forever, on_fork_in_child
 from ._notify import (
     ReleaseHub,
     ReleaseWatch,
@@ -78,12 +82,14 @@ __all__ = [
     "Deadlines",
     "Endpoint",
     "ErrorMap",
+    "ForkAware",
     "LeaseRecord",
     "Option",
     "OptionSet",
     "Overdue",
     "ParsedOptions",
     "ParsedURL",
+    "Rebuild",
     "ReleaseHub",
     "ReleaseWatch",
     "RenewItem",
@@ -100,7 +106,9 @@ __all__ = [
     "SyncProvider",
     "check_renew_items",
     "coerce_bool",
+    "keep_forever",
     "map_errors",
+    "on_fork_in_child",
     "parse_url",
     "redact_url",
     "stop_task",

@@ -20,6 +20,11 @@ reply parsing and capabilities. What it gets:
   ``aclose`` drains within ``timeout_s``.
 - a ``repr`` built from :meth:`~BackendProvider._describe`, which must hold no secret
   (use :func:`~leasekit.backend.redact_url`).
+- safety across ``fork()`` and event loops (:mod:`leasekit.backend._fork`): in a forked
+  child, or on a new loop once the one it ran on is closed, a provider built by its
+  backend's ``from_url`` builds itself anew on first use there, never touching the
+  connections, tasks or timers it had; one built on a caller's own client refuses to
+  work in a forked child (:class:`~leasekit.LeaseProviderClosed`, saying why).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .._capabilities import Capabilities
 from .._errors import LeaseBackendTimeout, LeaseProviderClosed
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap
+from ._fork import Rebuild, keep_forever, on_fork_in_child, wrap_factories
 
 __all__ = ["BackendProvider"]
 
@@ -45,6 +51,19 @@ _P = TypeVar("_P", bound="BackendProvider")
 # aclose() gives background work and the client's own close at least this long, even
 # when operations in flight used up the whole timeout.
 _CLOSE_FLOOR_S = 0.2
+
+# The running loop, or None outside one (asyncio.get_running_loop() without the raise).
+_running_loop = asyncio.events._get_running_loop
+
+
+class _Forked:
+    """Stands for "the loop of the parent process" in a forked child: never running here."""
+
+    def __repr__(self) -> str:
+        return "<the parent's event loop>"
+
+
+_FORKED: Any = _Forked()
 
 
 class BackendProvider:
@@ -69,6 +88,21 @@ class BackendProvider:
     #: check): ``aclose`` closes it first, waking every waiter.
     _release_listener: Any = None
 
+    #: How to build this provider again (set when the backend's ``from_url`` built it;
+    #: a backend whose client is only an address may set it in ``__init__``): used in a
+    #: forked child and on a new event loop. ``None``: built on a caller's own client.
+    _rebuild: Rebuild | None = None
+
+    #: Whether the client's connections belong to the event loop they were made on
+    #: (asyncio streams do; a backend running its driver in threads sets False): then
+    #: a provider whose loop has closed is rebuilt on the next one.
+    _loop_bound: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A provider from_url builds can be built again the same way (after a fork).
+        wrap_factories(cls)
+
     def __init__(self, *, timeout_s: float, owns_client: bool) -> None:
         self.timeout_s = timeout_s
         self._owns_client = owns_client
@@ -78,6 +112,9 @@ class BackendProvider:
         self._drained: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._abandoned: set[asyncio.Future[Any]] = set()
+        # The loop the client's connections belong to (None until first used).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        on_fork_in_child(self)
 
     # -- what subclasses override ---------------------------------------------------------
 
@@ -103,8 +140,59 @@ class BackendProvider:
         return self._closing
 
     def _refuse_if_closed(self) -> None:
+        """Raise if closed; on a loop other than the client's, build anew first if need be.
+
+        A backend calls it before it touches its client outside :meth:`_call` (building
+        a request that holds a connection, say).
+        """
         if self._closing:
-            raise LeaseProviderClosed(backend=self.backend)
+            raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
+        if _running_loop() is not self._loop:
+            self._enter_loop()
+
+    _closed_reason: str = ""
+
+    def _enter_loop(self) -> None:
+        """The provider runs on a loop that is not its client's: first use, a new loop, a fork.
+
+        First use binds the provider to the running loop. In a forked child, or once the
+        loop it ran on is closed, its connections (and tasks, timers, listeners) are
+        unusable: a provider that can be rebuilt (:attr:`_rebuild`) builds itself anew,
+        the same object taking the new one's state, and the old state is kept, never
+        closed (after a fork, closing would write to the parent's connections). On a loop
+        that is still open the provider goes on as it is: whether its driver works
+        from two loops is the driver's business.
+        """
+        loop = _running_loop()
+        old = self._loop
+        if loop is None or loop is old:
+            return
+        if old is None or (old is not _FORKED and (not self._loop_bound or not old.is_closed())):
+            self._loop = loop
+            return
+        rebuild = self._rebuild
+        if rebuild is None:
+            if old is _FORKED:
+                self._closing = True
+                self._closed_reason = (
+                    f"{self.backend}: this provider was built in another process on a client "
+                    "of the caller's, whose connections belong to that process; build the "
+                    "client and the provider in this one (after the fork)"
+                )
+                raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
+            self._loop = loop  # the caller's client, on a closed loop: the caller's to rebuild
+            return
+        fresh = rebuild()
+        fresh._rebuild = rebuild
+        # The state the old loop (or the parent) owned: kept, not closed (see above).
+        keep_forever(self.__dict__)
+        self.__dict__ = fresh.__dict__
+        self._loop = loop
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's loop, so the next call builds anew."""
+        if not self._closing:
+            self._loop = _FORKED
 
     def _timeout(self, key: str | None) -> LeaseBackendTimeout:
         return LeaseBackendTimeout(
@@ -122,7 +210,14 @@ class BackendProvider:
         if self._closing:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: no "was never awaited" warning
-            raise LeaseProviderClosed(backend=self.backend)
+            raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
+        if _running_loop() is not self._loop:
+            try:
+                self._enter_loop()
+            except BaseException:
+                if inspect.iscoroutine(awaitable):
+                    awaitable.close()
+                raise
         deadlines = self._deadlines
         watch = deadlines.open()
         self._inflight += 1
@@ -143,7 +238,7 @@ class BackendProvider:
                 self._drained.set_result(None)
 
     @types.coroutine
-    def _call_detached(  # noqa: PLR0912 (one frame per call: this is every call's hot path)
+    def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: every call's hot path)
         self, coroutine: Coroutine[Any, Any, _T], key: str | None = None
     ) -> Generator[Any, Any, _T]:
         """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
@@ -161,7 +256,13 @@ class BackendProvider:
         """
         if self._closing:
             coroutine.close()
-            raise LeaseProviderClosed(backend=self.backend)
+            raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
+        if _running_loop() is not self._loop:
+            try:
+                self._enter_loop()
+            except BaseException:
+                coroutine.close()
+                raise
         deadlines = self._deadlines
         watch = deadlines.open()
         if watch is None:  # Python 3.10, or called outside a task
@@ -267,6 +368,8 @@ class BackendProvider:
         if self._closing:
             return
         self._closing = True
+        if self._loop is _FORKED:
+            return  # the parent's connections and tasks: the parent closes them
         if self._release_listener is not None:
             # Woken waiters look again, and are refused: the provider is closing.
             await self._release_listener.aclose()

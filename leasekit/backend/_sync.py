@@ -40,6 +40,7 @@ from .._capabilities import Capabilities
 from .._contract import LeaseResult
 from .._errors import LeaseProviderClosed
 from ._errors import ErrorMap
+from ._fork import Rebuild, keep_forever, on_fork_in_child, wrap_factories
 
 __all__ = [
     "SupportsSyncProvider",
@@ -125,10 +126,49 @@ class SyncBackendProvider:
     capabilities: Capabilities = Capabilities()
     errors: ClassVar[ErrorMap] = ErrorMap({}, backend="backend")
 
+    #: How to build this provider again (recorded when the backend's ``from_url`` or
+    #: ``sync_from_url`` built it): in a forked child it is rebuilt at once, without
+    #: touching the parent's connections. ``None``: built on a caller's own client.
+    _rebuild: Rebuild | None = None
+    _closed_reason: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_factories(cls)
+
     def __init__(self, *, timeout_s: float, owns_client: bool) -> None:
         self.timeout_s = timeout_s
         self._owns_client = owns_client
         self._closing = False
+        on_fork_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: take a new provider's state, keeping the parent's untouched.
+
+        Runs before ``fork()`` returns in the child (see
+        :func:`~leasekit.backend.on_fork_in_child`): building does no I/O. A provider
+        on a caller's own client cannot be rebuilt and refuses to work from now on.
+        """
+        if self._closing:
+            return
+        rebuild = self._rebuild
+        if rebuild is None:
+            self._closing = True
+            self._closed_reason = (
+                f"{self.backend}: this provider was built in another process on a client of "
+                "the caller's, whose connections belong to that process; build the client "
+                "and the provider in this one (after the fork)"
+            )
+            return
+        try:
+            fresh = rebuild()
+        except Exception as exc:  # noqa: BLE001 (reported by every later call)
+            self._closing = True
+            self._closed_reason = f"{self.backend}: could not be rebuilt after fork(): {exc}"
+            return
+        fresh._rebuild = rebuild
+        keep_forever(self.__dict__)  # the parent's connections and threads: never closed here
+        self.__dict__ = fresh.__dict__
 
     # -- what subclasses override ---------------------------------------------------------
 
@@ -155,7 +195,7 @@ class SyncBackendProvider:
 
     def _refuse_if_closed(self) -> None:
         if self._closing:
-            raise LeaseProviderClosed(backend=self.backend)
+            raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
 
     def _call(self, send: Callable[..., _T], /, *args: Any, key: str | None = None) -> _T:
         """``send(*args)``: refused once closed, driver errors mapped through :attr:`errors`.
@@ -164,7 +204,7 @@ class SyncBackendProvider:
         raises :class:`~leasekit.LeaseProviderClosed`, as on the async side.
         """
         if self._closing:
-            raise LeaseProviderClosed(backend=self.backend)
+            raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
         try:
             return send(*args)
         except self.errors.types as exc:
