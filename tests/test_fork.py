@@ -254,3 +254,26 @@ def test_a_provider_on_a_callers_own_client_refuses_to_work_in_a_forked_child(
     assert "another process" in message
     assert "after the fork" in message
     asyncio.run(provider.aclose())
+
+
+def test_an_async_provider_works_on_a_new_event_loop_once_its_own_is_closed(url: str) -> None:
+    """After ``asyncio.run()`` returns, the next one's calls work (they raised a bare
+    ``RuntimeError: Event loop is closed`` on Redis, MySQL and etcd)."""
+    provider = leasekit.connect(url)
+    key, owner = f"loops-{uuid.uuid4().hex[:8]}", leasekit.new_owner_id("loops")
+
+    async def first() -> None:
+        await provider.__aenter__()
+        assert (await provider.acquire_lease(key, owner, LONG_TTL_MS)).acquired
+
+    async def second() -> None:
+        try:
+            assert await provider.get_lease_owner(key) == owner
+            assert await provider.renew_lease(key, owner, LONG_TTL_MS)
+            await provider.release_lease(key, owner)
+            assert await provider.get_lease_owner(key) is None
+        finally:
+            await provider.aclose()
+
+    asyncio.run(first())
+    asyncio.run(second())
