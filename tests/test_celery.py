@@ -39,7 +39,7 @@ def test_celery_prefork_children_share_a_facade_opened_in_the_main_process(
     markers.mkdir()
     queue = f"leasekit-test-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "celery.log"
-    broker = redis_url.split("?")[0]
+    broker = redis_url.split("?", 1)[0]
     env = {
         **os.environ,
         "LEASEKIT_APP_URL": url,
