@@ -25,6 +25,9 @@ capabilities. Everything else is here, once:
   :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
   native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
   options and errors.
+- :class:`FifoGate`: at most ``size`` holders, waiters served first come, first
+  served; in front of a driver pool that lets a newcomer take a freed connection
+  before a waiter (asyncmy's), so that waiters are not starved.
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -37,6 +40,7 @@ from __future__ import annotations
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
+from ._gate import FifoGate
 from ._notify import (
     ReleaseHub,
     ReleaseWatch,
@@ -78,6 +82,7 @@ __all__ = [
     "Deadlines",
     "Endpoint",
     "ErrorMap",
+    "FifoGate",
     "LeaseRecord",
     "Option",
     "OptionSet",
