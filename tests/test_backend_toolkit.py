@@ -734,6 +734,21 @@ async def test_fifo_gate_serves_waiters_in_arrival_order_and_newcomers_queue() -
         gate.release()
 
 
+async def test_fifo_gate_try_acquire_takes_a_free_place_only_when_nobody_waits() -> None:
+    gate = FifoGate(1)
+    assert gate.try_acquire()
+    assert not gate.try_acquire()
+    served: list[str] = []
+    (waiter,) = await _queue(gate, ["waiter"], served)
+    gate.release()  # to the waiter, not to a newcomer's try_acquire()
+    assert not gate.try_acquire()
+    await waiter
+    assert served == ["waiter"]
+    gate.release()
+    assert gate.try_acquire()
+    gate.release()
+
+
 async def test_fifo_gate_a_cancelled_waiter_gives_up_its_place() -> None:
     gate = FifoGate(1)
     async with gate:

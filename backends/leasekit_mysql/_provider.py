@@ -267,7 +267,8 @@ class MySQLLeaseProvider(BackendProvider):
         pool, gate = self._pool, self._gate
         if pool is None or gate is None:
             pool, gate = await self._open_pool()
-        await gate.acquire()
+        if not gate.try_acquire():
+            await gate.acquire()
         try:
             return await pool.acquire()
         except RuntimeError:  # "Cannot acquire connection after closing pool"
