@@ -796,8 +796,9 @@ async def test_more_tasks_than_connections_all_progress_without_errors(
 async def test_a_waiter_cancelled_while_waiting_gives_up_its_place_and_leaks_nothing(
     mysql_url: str, mysql_table: str
 ) -> None:
+    # A long timeout_s: the stalled renew must outlast the setup on a loaded machine.
     async with MySQLLeaseProvider.from_url(
-        mysql_url, table=mysql_table, pool_max_size=1, sweep_every=0
+        mysql_url, table=mysql_table, pool_max_size=1, sweep_every=0, timeout_s=20
     ) as p:
         await p.acquire_lease("k", "a", LONG_MS)
         locker = await connect_mysql(mysql_url)
