@@ -198,6 +198,17 @@ async def test_a_client_that_is_not_asyncmy_is_refused() -> None:
     assert info.value.argument == "client"
 
 
+async def test_a_pool_that_allows_no_connection_is_refused() -> None:
+    pool = await asyncmy.create_pool(minsize=0, maxsize=0)  # no I/O without minsize
+    try:
+        with pytest.raises(leasekit.InvalidLeaseArgument, match="at least one") as info:
+            MySQLLeaseProvider(pool)
+        assert info.value.argument == "client"
+    finally:
+        pool.close()
+        await pool.wait_closed()
+
+
 # -- the schema ---------------------------------------------------------------------------------
 
 

@@ -162,6 +162,9 @@ class MySQLLeaseProvider(BackendProvider):
             kind = f"{type(client).__module__}.{type(client).__qualname__}"
             rule = f"must be an asyncmy.pool.Pool (or None with pool_options), got {kind}"
             raise InvalidLeaseArgument.for_argument("client", rule)
+        if client is not None and client.maxsize < 1:
+            rule = "must allow at least one connection, got a pool of maxsize 0"
+            raise InvalidLeaseArgument.for_argument("client", rule)
         super().__init__(timeout_s=values["timeout_s"], owns_client=client is None or close_client)
         self._pool: Pool | None = client
         self._pool_options = dict(pool_options or {})
