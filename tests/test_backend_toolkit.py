@@ -35,6 +35,7 @@ from leasekit.backend import (
     Deadlines,
     Endpoint,
     ErrorMap,
+    FifoGate,
     Option,
     OptionSet,
     SupportsInspect,
@@ -687,3 +688,113 @@ async def test_stop_task_gives_up_on_a_task_that_ignores_the_cancel() -> None:
     assert not task.done()  # left running, not waited for past the bound
     release.set()
     await task
+
+
+# -- FifoGate -----------------------------------------------------------------------------
+
+
+async def _queue(gate: FifoGate, names: list[str], served: list[str]) -> list[asyncio.Task[None]]:
+    """One task per name waiting on ``gate`` in that order; each notes when it is served."""
+
+    async def wait(name: str) -> None:
+        await gate.acquire()
+        served.append(name)
+
+    tasks = []
+    for name in names:
+        tasks.append(asyncio.get_running_loop().create_task(wait(name)))
+        await asyncio.sleep(0)  # queued before the next one starts
+    return tasks
+
+
+async def test_fifo_gate_serves_waiters_in_arrival_order_and_newcomers_queue() -> None:
+    gate = FifoGate(2)
+    await gate.acquire()
+    await gate.acquire()  # both places held, without waiting
+    served: list[str] = []
+    tasks = await _queue(gate, ["w1", "w2", "w3"], served)
+    assert (gate.held, gate.waiting) == (2, 3)
+    gate.release()
+    # A newcomer arriving right after a release queues behind the waiters: the freed
+    # place went straight to w1, whether or not w1 has run yet.
+    tasks += await _queue(gate, ["late"], served)
+    gate.release()
+    await asyncio.sleep(0)
+    assert served == ["w1", "w2"]
+    for _ in range(2):
+        gate.release()
+        await asyncio.sleep(0)
+    assert served == ["w1", "w2", "w3", "late"]
+    await asyncio.gather(*tasks)
+    assert (gate.held, gate.waiting) == (2, 0)
+    gate.release()
+    gate.release()
+    assert gate.held == 0
+    with pytest.raises(RuntimeError, match="more often than acquired"):
+        gate.release()
+
+
+async def test_fifo_gate_try_acquire_takes_a_free_place_only_when_nobody_waits() -> None:
+    gate = FifoGate(1)
+    assert gate.try_acquire()
+    assert not gate.try_acquire()
+    served: list[str] = []
+    (waiter,) = await _queue(gate, ["waiter"], served)
+    gate.release()  # to the waiter, not to a newcomer's try_acquire()
+    assert not gate.try_acquire()
+    await waiter
+    assert served == ["waiter"]
+    gate.release()
+    assert gate.try_acquire()
+    gate.release()
+
+
+async def test_fifo_gate_a_cancelled_waiter_gives_up_its_place() -> None:
+    gate = FifoGate(1)
+    async with gate:
+        served: list[str] = []
+        first, second, third = await _queue(gate, ["first", "second", "third"], served)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert gate.waiting == 2
+    await asyncio.sleep(0)
+    assert served == ["first"]
+    gate.release()
+    await asyncio.gather(first, third)
+    assert served == ["first", "third"]
+    gate.release()
+    assert (gate.held, gate.waiting) == (0, 0)
+
+
+async def test_fifo_gate_a_place_handed_to_a_waiter_cancelled_meanwhile_passes_on() -> None:
+    gate = FifoGate(1)
+    await gate.acquire()
+    served: list[str] = []
+    first, second = await _queue(gate, ["first", "second"], served)
+    gate.release()  # handed to first, which has not run yet ...
+    first.cancel()  # ... and is cancelled before it does
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second
+    assert served == ["second"]
+    assert (gate.held, gate.waiting) == (1, 0)
+    gate.release()
+    assert gate.held == 0
+
+
+async def test_fifo_gate_a_wait_bounded_by_a_timeout_leaves_the_queue() -> None:
+    gate = FifoGate(1)
+    await gate.acquire()
+    with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+        await asyncio.wait_for(gate.acquire(), 0.01)
+    assert (gate.held, gate.waiting) == (1, 0)
+    gate.release()
+    await asyncio.wait_for(gate.acquire(), 5)
+    assert repr(gate) == "FifoGate(size=1, held=1, waiting=0)"
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, True, "2"])
+def test_fifo_gate_refuses_a_size_below_one(size: Any) -> None:
+    with pytest.raises(ValueError, match="size must be an int of at least 1"):
+        FifoGate(size)

@@ -198,6 +198,17 @@ async def test_a_client_that_is_not_asyncmy_is_refused() -> None:
     assert info.value.argument == "client"
 
 
+async def test_a_pool_that_allows_no_connection_is_refused() -> None:
+    pool = await asyncmy.create_pool(minsize=0, maxsize=0)  # no I/O without minsize
+    try:
+        with pytest.raises(leasekit.InvalidLeaseArgument, match="at least one") as info:
+            MySQLLeaseProvider(pool)
+        assert info.value.argument == "client"
+    finally:
+        pool.close()
+        await pool.wait_closed()
+
+
 # -- the schema ---------------------------------------------------------------------------------
 
 
@@ -709,6 +720,137 @@ async def test_tokens_keep_increasing_across_restarts_and_deleted_rows(
     finally:
         for p in providers.values():
             await p.aclose()
+
+
+# -- more tasks than connections ----------------------------------------------------------------
+
+
+async def cycle_until(
+    p: MySQLLeaseProvider, tasks: int, *, cycles: int | None = None, seconds: float | None = None
+) -> tuple[list[int], list[BaseException]]:
+    """``tasks`` tasks cycling acquire, renew and release, each on a key of its own.
+
+    Until every task has done ``cycles`` cycles, or for ``seconds``; either way the
+    first error ends every task. Returns each task's cycles and the errors.
+    """
+    done = [0] * tasks
+    errors: list[BaseException] = []
+    stop_at = None if seconds is None else time.monotonic() + seconds
+
+    def more() -> bool:
+        if errors:
+            return False
+        if stop_at is not None:
+            return time.monotonic() < stop_at
+        return min(done) < (cycles or 0)
+
+    async def worker(n: int) -> None:
+        key, owner = f"cycle-{n}", f"owner-{n}"
+        while more():
+            try:
+                assert (await p.acquire_lease(key, owner, LONG_MS)).acquired
+                assert await p.renew_lease(key, owner, LONG_MS)
+                await p.release_lease(key, owner)
+            except leasekit.LeaseError as exc:  # noqa: PERF203 (the first one ends the run)
+                errors.append(exc)
+            else:
+                done[n] += 1
+
+    await p.get_lease_owner("warm-up")  # the schema, before the tasks start
+    await asyncio.gather(*(worker(n) for n in range(tasks)))
+    return done, errors
+
+
+async def test_waiters_for_a_connection_are_served_in_arrival_order(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # asyncmy's pool hands a freed connection to whoever asks next: the task that has
+    # just checked it in took it straight back, ahead of every waiter.
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, pool_max_size=1, sweep_every=0
+    ) as p:
+        await p.get_lease_owner("warm-up")
+        served: list[str] = []
+
+        async def first() -> None:
+            await p.get_lease_owner("again")
+            served.append("first")
+            await p.get_lease_owner("again")  # checked in and at once out again
+            served.append("again")
+
+        async def waiter(name: str) -> None:
+            await p.get_lease_owner(name)
+            served.append(name)
+
+        names = [f"waiter-{n}" for n in range(8)]
+        await asyncio.gather(first(), *(waiter(name) for name in names))
+        assert served == ["first", *names, "again"]
+
+
+async def test_more_tasks_than_connections_all_progress_without_errors(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # 40 tasks on 4 connections, each cycling until all have done 5 cycles: before
+    # waiting became first come, first served, the tasks holding connections kept them
+    # and the others ran out their timeout_s (LeaseBackendTimeout, no driver error).
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, pool_max_size=4, sweep_every=0
+    ) as p:
+        done, errors = await cycle_until(p, 40, cycles=5)
+        assert errors == []
+        assert min(done) >= 5
+        pool = p.client
+        assert pool is not None
+        assert pool.size <= 4
+
+
+async def test_a_waiter_cancelled_while_waiting_gives_up_its_place_and_leaks_nothing(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # A long timeout_s: the stalled renew must outlast the setup on a loaded machine.
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, pool_max_size=1, sweep_every=0, timeout_s=20
+    ) as p:
+        await p.acquire_lease("k", "a", LONG_MS)
+        locker = await connect_mysql(mysql_url)
+        try:
+            async with locker.cursor() as cursor:
+                await cursor.execute("BEGIN")
+                await cursor.execute(
+                    f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
+                )
+                # The pool's only connection waits on the row lock ...
+                holder = asyncio.ensure_future(p.renew_lease("k", "a", LONG_MS))
+                await eventually(
+                    lambda: running_on(mysql_url, mysql_table), "the renew to wait on the lock"
+                )
+                # ... while these wait for it; the first two give up.
+                quitters = [asyncio.ensure_future(p.get_lease_owner("k")) for _ in range(2)]
+                stayer = asyncio.ensure_future(p.get_lease_owner("k"))
+                await asyncio.sleep(0.05)
+                for quitter in quitters:
+                    quitter.cancel()
+                await asyncio.gather(*quitters, return_exceptions=True)
+                assert all(quitter.cancelled() for quitter in quitters)
+                await cursor.execute("COMMIT")
+        finally:
+            locker.close()
+        assert await holder is True
+        assert await stayer == "a"
+        pool = p.client
+        assert pool is not None
+        assert (pool.size, pool.freesize) == (1, 1)
+        await exercise_every_operation(p, "after-cancel")
+
+
+@pytest.mark.slow
+async def test_500_tasks_on_10_connections_cycle_for_10_s_without_errors(
+    mysql_url: str, mysql_table: str
+) -> None:
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as p:
+        done, errors = await cycle_until(p, 500, seconds=10)
+    assert errors == []
+    assert min(done) >= 1  # every task was served, not only some
 
 
 # -- the benchmark ------------------------------------------------------------------------------

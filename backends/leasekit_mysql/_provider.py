@@ -37,6 +37,7 @@ from leasekit.backend import (
     BackendProvider,
     Endpoint,
     ErrorMap,
+    FifoGate,
     LeaseRecord,
     Option,
     OptionSet,
@@ -161,9 +162,16 @@ class MySQLLeaseProvider(BackendProvider):
             kind = f"{type(client).__module__}.{type(client).__qualname__}"
             rule = f"must be an asyncmy.pool.Pool (or None with pool_options), got {kind}"
             raise InvalidLeaseArgument.for_argument("client", rule)
+        if client is not None and client.maxsize < 1:
+            rule = "must allow at least one connection, got a pool of maxsize 0"
+            raise InvalidLeaseArgument.for_argument("client", rule)
         super().__init__(timeout_s=values["timeout_s"], owns_client=client is None or close_client)
         self._pool: Pool | None = client
         self._pool_options = dict(pool_options or {})
+        # asyncmy hands a freed connection to whoever asks next, and a task that checks
+        # one in and at once out again asks before any waiter wakes: waiters starve for
+        # all of timeout_s. Only a holder of the gate (the pool's size) asks the pool.
+        self._gate: FifoGate | None = None if client is None else FifoGate(client.maxsize)
         name = values["table"].split(".")
         self._table = _sql.TableName(*name) if len(name) == 2 else _sql.TableName(None, name[0])
         self.table = str(self._table)
@@ -258,20 +266,39 @@ class MySQLLeaseProvider(BackendProvider):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _checkout(self) -> Connection:
-        if self._pool is None:
-            async with self._pool_lock:
-                if self._pool is None:
-                    self._pool = await asyncmy.create_pool(**self._pool_options)
+        """A connection, for callers in arrival order (within the operation's deadline)."""
+        pool, gate = self._pool, self._gate
+        if pool is None or gate is None:
+            pool, gate = await self._open_pool()
+        if not gate.try_acquire():
+            await gate.acquire()
         try:
-            return await self._pool.acquire()
+            return await pool.acquire()
         except RuntimeError:  # "Cannot acquire connection after closing pool"
+            gate.release()
             raise LeaseProviderClosed(backend=self.backend) from None
+        except BaseException:
+            gate.release()
+            raise
+
+    async def _open_pool(self) -> tuple[Pool, FifoGate]:
+        async with self._pool_lock:
+            if self._pool is None:
+                self._pool = await asyncmy.create_pool(**self._pool_options)
+            if self._gate is None:
+                self._gate = FifoGate(self._pool.maxsize)
+            return self._pool, self._gate
 
     def _checkin(self, conn: Connection, *, healthy: bool) -> None:
-        if not healthy:
-            conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
-        if self._pool is not None:
-            self._pool.release(conn)
+        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter."""
+        try:
+            if not healthy:
+                conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
+            if self._pool is not None:
+                self._pool.release(conn)  # a closed connection leaves the pool here
+        finally:
+            if self._gate is not None:
+                self._gate.release()
 
     def _translate(self, exc: driver_errors.MySQLError, key: str | None) -> LeaseBackendError:
         """The driver's error as leasekit's, classified by its error number."""

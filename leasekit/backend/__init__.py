@@ -28,6 +28,9 @@ capabilities. Everything else is here, once:
 - :func:`on_fork_in_child`, :func:`keep_forever` and :class:`Rebuild`: what a provider
   forgets in a forked child, and how it builds itself anew there (the base classes
   do it for a backend whose ``from_url`` built the provider).
+- :class:`FifoGate`: at most ``size`` holders, waiters served first come, first
+  served; in front of a driver pool that lets a newcomer take a freed connection
+  before a waiter (asyncmy's), so that waiters are not starved.
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -41,6 +44,7 @@ from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
 from ._fork import ForkAware, Rebuild, keep_forever, on_fork_in_child
+from ._gate import FifoGate
 from ._notify import (
     ReleaseHub,
     ReleaseWatch,
@@ -82,6 +86,7 @@ __all__ = [
     "Deadlines",
     "Endpoint",
     "ErrorMap",
+    "FifoGate",
     "ForkAware",
     "LeaseRecord",
     "Option",
