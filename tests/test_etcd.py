@@ -554,24 +554,30 @@ async def test_reuse_leases_false_grants_the_exact_ttl_and_revokes_each_lease(
         assert server.lease_ids() == []
 
 
-async def test_an_idle_etcd_lease_with_less_than_the_ttl_left_is_not_bound(
+async def test_an_idle_etcd_lease_is_revoked_once_it_can_no_longer_be_bound(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
-    """Reuse never shortens a lease: once the server says an idle etcd lease has less
-    than the TTL left, the next acquire grants a fresh one, with the full TTL."""
+    """Reuse never shortens a lease: an idle etcd lease is bound again only while it
+    surely has the whole TTL ahead of it. Past that it is revoked on its own (not left
+    until the next acquire, a flush or aclose), and the next acquire grants a fresh
+    one, with the full TTL."""
     server = private_etcd_server
     async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
         assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.release_lease("k", "a")
         [idle] = server.lease_ids()
         assert server.lease_ttl(idle)[1] == 11  # one second more than asked, for reuse
-        while server.lease_ttl(idle)[0] >= 10:  # noqa: ASYNC110 (the server's count, whole s)
+        for _ in range(200):
+            if idle not in server.lease_ids():
+                break
             await asyncio.sleep(0.05)
+        assert server.lease_ids() == []  # revoked by the provider, long before its TTL
+        assert len(p._pool) == 0
         before = grpc_calls(server)
         assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.flush()
-        # A grant and the transaction; the idle lease, too old to bind, is revoked.
-        assert delta(grpc_calls(server), before) == {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}
+        # A grant and the transaction; nothing was left to revoke.
+        assert client_calls(delta(grpc_calls(server), before)) == {"LeaseGrant": 1, "Txn": 1}
         [fresh] = server.lease_ids()
         assert fresh != idle
         assert server.lease_ttl(fresh)[0] >= 10
@@ -789,6 +795,38 @@ async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recove
             break
         await anyio.sleep(0.2)
     assert len(private_etcd_server.lease_ids()) <= 1
+
+
+async def test_aclose_against_a_frozen_server_leaves_no_idle_etcd_lease_behind(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Idle etcd leases kept for reuse are revoked once they can no longer be bound,
+    not left for ``aclose``: an ``aclose`` that cannot reach a frozen server (its
+    revocations abandoned at ``timeout_s``) then orphans none of them.
+
+    Before the fix, every lease a release left idle stayed in the provider, bound to
+    nothing, until the next acquire of the same TTL, a flush or aclose; frozen, aclose
+    gave up on revoking them, and each was left bound to no key for its whole TTL.
+    """
+    server = private_etcd_server
+    provider = EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix, timeout_s=1.0)
+    keys = [f"k{i}" for i in range(20)]
+    results = await asyncio.gather(*(provider.acquire_lease(k, "a", LONG_MS) for k in keys))
+    assert all(result.acquired for result in results)
+    await asyncio.gather(*(provider.release_lease(k, "a") for k in keys))
+    assert len(server.lease_ids()) == len(keys)  # idle, bound to nothing, for reuse
+    # Each can be bound again for under a second after its grant; then it is revoked
+    # (before the fix, never: they stay until aclose).
+    for _ in range(100):
+        if not server.lease_ids():
+            break
+        await asyncio.sleep(0.1)
+    server.pause()
+    try:
+        await provider.aclose()
+    finally:
+        server.resume()
+    assert server.lease_ids() == []  # before the fix: all 20, for their whole TTL
 
 
 async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(

@@ -123,7 +123,8 @@ class Operation:
 
     def left_empty(self, lease: int) -> None:
         """``lease`` carries no record now: keep it for reuse if ours, else revoke it."""
-        if not self.provider._pool.give_back(lease):
+        now = asyncio.get_running_loop().time()
+        if not self.provider._pool.give_back(lease, now):
             self.provider._revoke_later(lease)
 
     async def revoke(self, lease_id: int) -> None:

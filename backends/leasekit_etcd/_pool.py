@@ -22,13 +22,21 @@ in its one transaction. That is only correct within limits, which this class kee
   The tracking is a hint: a lease forgotten (pruned, or revoked meanwhile by someone
   else) is revoked instead of kept, or fails its binding with "lease not found", which
   the acquire answers by granting a fresh one.
+- **Idle only while it can be bound.** An idle lease is revoked as soon as it can no
+  longer be bound (about ``REUSE_EXTRA_S - BIND_GUARD_S`` after its grant or last
+  keep-alive), by a timer, not when the next acquire happens to look at it: a lease
+  that can never carry a record again is not kept, so the provider never holds more
+  idle leases than it left empty in the last second, and an ``aclose`` that cannot
+  reach the server (frozen) abandons only those few revocations; each of those
+  leases then ends on its own at its granted TTL.
 
-An idle lease found too old to bind is revoked then; ``flush()`` and ``aclose()``
+An idle lease found too old to bind is revoked then too; ``flush()`` and ``aclose()``
 revoke whatever is idle.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 __all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "LeasePool"]
@@ -48,7 +56,15 @@ _PRUNE_AFTER_S = 60.0
 class LeasePool:
     """This provider's etcd leases: when each surely lives until, and which are idle."""
 
-    __slots__ = ("_enabled", "_expires_by", "_granted_s", "_grants", "_idle", "_revoke")
+    __slots__ = (
+        "_enabled",
+        "_expires_by",
+        "_granted_s",
+        "_grants",
+        "_idle",
+        "_revoke",
+        "_timers",
+    )
 
     def __init__(self, revoke: Callable[[int], None], *, enabled: bool = True) -> None:
         #: revokes an etcd lease in the background (and forgets it here)
@@ -61,6 +77,8 @@ class LeasePool:
         self._granted_s: dict[int, int] = {}
         # granted TTL -> idle lease IDs, the most recently idle last
         self._idle: dict[int, list[int]] = {}
+        # idle lease ID -> the timer that revokes it once it can no longer be bound
+        self._timers: dict[int, asyncio.TimerHandle] = {}
         self._grants = 0
 
     def __len__(self) -> int:
@@ -89,18 +107,31 @@ class LeasePool:
         stack = self._idle.get(granted_s)
         while stack:
             lease = stack.pop()
+            self._stop_timer(lease)
             expires_by = self._expires_by.get(lease)
             if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
                 return lease
             self._revoke(lease)  # too old to bind; it carries nothing
         return None
 
-    def give_back(self, lease: int) -> bool:
-        """``lease`` was just left without a record; False if it is not ours to keep."""
+    def give_back(self, lease: int, now: float) -> bool:
+        """``lease`` was just left without a record (at loop time ``now``); False if it
+        is not ours to keep, or can no longer be bound (the caller revokes it then).
+
+        A kept lease is revoked by a timer once it can no longer be bound: when less
+        than the TTL it serves (its granted TTL less ``REUSE_EXTRA_S``) and the guard
+        are left of it.
+        """
         granted_s = self._granted_s.get(lease)
         if granted_s is None or not self._enabled:
             return False
+        bindable_until = self._expires_by[lease] - (granted_s - REUSE_EXTRA_S) - BIND_GUARD_S
+        if bindable_until <= now:
+            return False
         self._idle.setdefault(granted_s, []).append(lease)
+        self._stop_timer(lease)
+        loop = asyncio.get_running_loop()
+        self._timers[lease] = loop.call_at(bindable_until, self._expire, lease, granted_s)
         return True
 
     def forget(self, lease: int) -> None:
@@ -113,8 +144,22 @@ class LeasePool:
         idle = [lease for stack in self._idle.values() for lease in stack]
         self._idle.clear()
         for lease in idle:
+            self._stop_timer(lease)
             self.forget(lease)
         return idle
+
+    def _expire(self, lease: int, granted_s: int) -> None:
+        """The timer: ``lease``'s window for binding closed while it was idle."""
+        self._timers.pop(lease, None)
+        stack = self._idle.get(granted_s)
+        if stack is not None and lease in stack:
+            stack.remove(lease)
+            self._revoke(lease)  # it carries nothing, and never will again
+
+    def _stop_timer(self, lease: int) -> None:
+        timer = self._timers.pop(lease, None)
+        if timer is not None:
+            timer.cancel()
 
     def _prune(self, now: float) -> None:
         # Records whose holder never released nor renewed them leave their lease here;
@@ -122,4 +167,7 @@ class LeasePool:
         for lease in [i for i, t in self._expires_by.items() if t < now - _PRUNE_AFTER_S]:
             self.forget(lease)
         for stack in self._idle.values():
+            for lease in stack:
+                if lease not in self._expires_by:
+                    self._stop_timer(lease)
             stack[:] = [lease for lease in stack if lease in self._expires_by]
