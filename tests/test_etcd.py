@@ -9,6 +9,7 @@ three-member cluster tests are in ``test_etcd_cluster.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import shutil
@@ -679,6 +680,34 @@ async def test_no_etcd_lease_is_left_behind(
             await p.release_lease(f"race{round_}", winner)
         assert await p.lease_ids() == []
     assert private_etcd_server.lease_ids() == []
+
+
+async def test_a_cancelled_release_leaves_neither_the_key_held_nor_an_empty_etcd_lease(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """A release whose caller is cancelled 0-4 ms in: its transaction may have been
+    sent, may land later, or may never be sent. The provider then revokes the etcd
+    lease it bound the record to, in the background: that ends the record if the
+    release did not land, and the empty lease if it did.
+
+    Before the fix, a cancelled release that landed left its etcd lease bound to no key
+    for its whole TTL (about half of them), and one cancelled before it was sent left
+    the key held.
+    """
+    server = private_etcd_server
+    rounds = 40
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        for i in range(rounds):
+            key = f"k{i}"
+            assert (await p.acquire_lease(key, "a", LONG_MS)).acquired
+            release = asyncio.ensure_future(p.release_lease(key, "a"))
+            await asyncio.sleep(0.004 * i / rounds)
+            release.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await release
+        await p.flush()
+        assert [r.key for r in await p.inspect()] == []
+        assert server.lease_ids() == []
 
 
 async def test_release_frees_a_record_another_provider_moved_for_the_same_owner(

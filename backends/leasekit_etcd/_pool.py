@@ -37,9 +37,10 @@ revoke whatever is idle.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "LeasePool"]
+__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "Bindings", "LeasePool"]
 
 #: Seconds added to each grant: the window in which an idle lease can be bound again.
 REUSE_EXTRA_S = 1
@@ -51,6 +52,8 @@ REUSE_MIN_TTL_S = 10
 BIND_GUARD_S = 0.1
 _PRUNE_EVERY = 1024
 _PRUNE_AFTER_S = 60.0
+#: How many records' etcd leases :class:`Bindings` remembers, the oldest forgotten first.
+BINDINGS_KEPT = 65536
 
 
 class LeasePool:
@@ -171,3 +174,59 @@ class LeasePool:
                 if lease not in self._expires_by:
                     self._stop_timer(lease)
             stack[:] = [lease for lease in stack if lease in self._expires_by]
+
+
+class Bindings:
+    """Which etcd lease of this provider's each record it wrote was bound to, last it knew.
+
+    So that a release whose outcome is lost (its caller cancelled, or it failed after
+    the transaction may have been sent) can revoke that lease in the background:
+    revoking it ends the record if the release did not land, and an empty lease if it
+    did, where otherwise one of the two would be left until the lease's TTL.
+
+    Only leases this provider granted are remembered (another process may bind its own
+    lease to another record once it is empty, never one of ours), each for at most one
+    record: a lease left empty, bound to another record, or revoked is dropped. A
+    record whose lease has since ended, or that another process moved, names a lease
+    that is gone or carries nothing, and revoking that changes nothing. Bounded: the
+    oldest of ``BINDINGS_KEPT`` entries is forgotten first, which costs only the
+    cleanup.
+    """
+
+    __slots__ = ("_lease_of", "_record_of", "_size")
+
+    def __init__(self, size: int = BINDINGS_KEPT) -> None:
+        self._size = size
+        self._lease_of: OrderedDict[bytes, int] = OrderedDict()
+        self._record_of: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._lease_of)
+
+    def bound(self, record: bytes, lease: int) -> None:
+        """This provider's transaction put ``record`` on ``lease``, its own."""
+        self.pop(record)
+        self.drop_lease(lease)
+        self._lease_of[record] = lease
+        self._record_of[lease] = record
+        if len(self._lease_of) > self._size:
+            _, oldest = self._lease_of.popitem(last=False)
+            self._record_of.pop(oldest, None)
+
+    def pop(self, record: bytes) -> int | None:
+        """Forget ``record``; the lease it was last known on, if any."""
+        lease = self._lease_of.pop(record, None)
+        if lease is not None:
+            self._record_of.pop(lease, None)
+        return lease
+
+    def keep_if_on(self, record: bytes, lease: int) -> None:
+        """``record`` was just read on ``lease``: forget it unless that is the one known."""
+        if self._lease_of.get(record) != lease:
+            self.pop(record)
+
+    def drop_lease(self, lease: int) -> None:
+        """``lease`` carries no record now (left empty, revoked, or unknown)."""
+        record = self._record_of.pop(lease, None)
+        if record is not None:
+            self._lease_of.pop(record, None)
