@@ -858,6 +858,47 @@ async def test_aclose_against_a_frozen_server_leaves_no_idle_etcd_lease_behind(
     assert server.lease_ids() == []  # before the fix: all 20, for their whole TTL
 
 
+@pytest.mark.slow
+async def test_what_a_frozen_aclose_leaves_ends_on_its_own_at_its_granted_ttl(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """16 tasks cycle acquire, transfer and release; the server freezes; ``aclose``
+    gives up on what it cannot reach; the server wakes. Whatever is left (records
+    whose transaction landed late, leases idle, detached or granted with their
+    revocation abandoned or their reply lost) carries at most the TTL granted, one
+    second more than asked, and is gone once that has run out: nothing keeps it alive.
+    (About 12 s: the TTL must be 10 s or more for leases to be reused.)"""
+    server = private_etcd_server
+    ttl_ms = 10_000
+    provider = EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix, timeout_s=1.0)
+    await provider.get_lease_owner("warm-up")
+
+    async def cycle(i: int) -> None:
+        with contextlib.suppress(leasekit.LeaseError):
+            while True:
+                if (await provider.acquire_lease(f"k{i}", "a", ttl_ms)).acquired:
+                    await provider.transfer_lease(f"k{i}", "a", "b", ttl_ms)
+                    await provider.release_lease(f"k{i}", "b")
+
+    tasks = [asyncio.ensure_future(cycle(i)) for i in range(16)]
+    await asyncio.sleep(0.3)
+    server.pause()
+    try:
+        await provider.aclose()
+        await asyncio.gather(*tasks)
+    finally:
+        server.resume()
+    left = server.lease_ids()
+    assert all(server.lease_ttl(lease)[1] <= ttl_ms // 1000 + 1 for lease in left)
+    # Each ends at most 11 s after etcd applied its grant, which was at the latest
+    # when the server woke; the leader looks for expired leases every 500 ms.
+    for _ in range(150):
+        if not server.lease_ids():
+            break
+        await asyncio.sleep(0.1)
+    assert server.lease_ids() == []
+
+
 async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
