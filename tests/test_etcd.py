@@ -682,6 +682,26 @@ async def test_no_etcd_lease_is_left_behind(
     assert private_etcd_server.lease_ids() == []
 
 
+def test_bindings_name_each_lease_for_at_most_one_record_and_forget_the_oldest() -> None:
+    """What a release whose outcome is lost revokes: never a lease that another record
+    was bound to since, nor one left empty or revoked."""
+    from leasekit_etcd._pool import Bindings  # noqa: PLC0415
+
+    bindings = Bindings(size=2)
+    bindings.bound(b"r1", 1)
+    bindings.bound(b"r2", 1)  # lease 1 was left empty, then bound to r2
+    assert bindings.pop(b"r1") is None
+    bindings.keep_if_on(b"r2", 2)  # read on another lease: forgotten
+    assert bindings.pop(b"r2") is None
+    bindings.bound(b"r3", 3)
+    bindings.drop_lease(3)  # left empty, or revoked
+    assert bindings.pop(b"r3") is None
+    for lease, record in enumerate((b"a", b"b", b"c"), start=10):
+        bindings.bound(record, lease)
+    assert len(bindings) == 2
+    assert (bindings.pop(b"a"), bindings.pop(b"b"), bindings.pop(b"c")) == (None, 11, 12)
+
+
 async def test_a_cancelled_release_leaves_neither_the_key_held_nor_an_empty_etcd_lease(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
