@@ -271,7 +271,7 @@ class Operation:
         bindings = self.provider._bindings
         try:
             reply = await self.txn(_txn.release(record, owner.encode()))
-        except BaseException:
+        except (Exception, asyncio.CancelledError):
             # Cancelled, or failed after the transaction may have been sent: it may land
             # now, later or never. Revoking the etcd lease this provider bound the
             # record to ends the record if it did not, and the lease it left empty if
