@@ -682,6 +682,33 @@ async def test_no_etcd_lease_is_left_behind(
     assert private_etcd_server.lease_ids() == []
 
 
+async def test_the_pool_revokes_an_idle_lease_when_its_window_closes_later_if_kept_alive() -> None:
+    """The pool's timer, on its own: an idle lease is revoked once it can no longer be
+    bound; one kept alive meanwhile (its window moved on) only when its new window
+    closes; one bound again in between not at all."""
+    from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
+
+    revoked: list[int] = []
+    pool = LeasePool(revoked.append)
+    now = asyncio.get_running_loop().time()
+    for lease in (1, 2, 3):  # 11 s leases, windows closing 0.05 s from now
+        pool.granted(lease, 11, now - 0.85)
+        assert pool.give_back(lease, now)
+    pool.kept_alive(2, 11, now)  # its window now closes 0.9 s from now
+    assert pool.take(11, 10, now) == 3  # bound again: not idle any more
+    for _ in range(100):
+        if revoked:
+            break
+        await asyncio.sleep(0.02)
+    assert revoked == [1]
+    for _ in range(200):
+        if len(revoked) > 1:
+            break
+        await asyncio.sleep(0.02)
+    assert revoked == [1, 2]
+    assert len(pool) == 0
+
+
 def test_bindings_name_each_lease_for_at_most_one_record_and_forget_the_oldest() -> None:
     """What a release whose outcome is lost revokes: never a lease that another record
     was bound to since, nor one left empty or revoked."""

@@ -65,6 +65,7 @@ class LeasePool:
         "_granted_s",
         "_grants",
         "_idle",
+        "_idle_of",
         "_revoke",
         "_timers",
     )
@@ -80,7 +81,10 @@ class LeasePool:
         self._granted_s: dict[int, int] = {}
         # granted TTL -> idle lease IDs, the most recently idle last
         self._idle: dict[int, list[int]] = {}
-        # idle lease ID -> the timer that revokes it once it can no longer be bound
+        # idle lease ID -> its granted TTL (which stack it is on)
+        self._idle_of: dict[int, int] = {}
+        # lease ID -> the timer that revokes it if it is idle when its window closes;
+        # left pending when the lease is bound again (it then finds it not idle)
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._grants = 0
 
@@ -110,7 +114,7 @@ class LeasePool:
         stack = self._idle.get(granted_s)
         while stack:
             lease = stack.pop()
-            self._stop_timer(lease)
+            del self._idle_of[lease]
             expires_by = self._expires_by.get(lease)
             if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
                 return lease
@@ -128,13 +132,13 @@ class LeasePool:
         granted_s = self._granted_s.get(lease)
         if granted_s is None or not self._enabled:
             return False
-        bindable_until = self._expires_by[lease] - (granted_s - REUSE_EXTRA_S) - BIND_GUARD_S
+        bindable_until = self._bindable_until(lease, granted_s)
         if bindable_until <= now:
             return False
         self._idle.setdefault(granted_s, []).append(lease)
-        self._stop_timer(lease)
-        loop = asyncio.get_running_loop()
-        self._timers[lease] = loop.call_at(bindable_until, self._expire, lease, granted_s)
+        self._idle_of[lease] = granted_s
+        if lease not in self._timers:  # one a previous idle spell set is still due
+            self._start_timer(lease, bindable_until)
         return True
 
     def forget(self, lease: int) -> None:
@@ -146,23 +150,37 @@ class LeasePool:
         """Every idle lease, forgotten, for the caller to revoke."""
         idle = [lease for stack in self._idle.values() for lease in stack]
         self._idle.clear()
+        self._idle_of.clear()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for lease in idle:
-            self._stop_timer(lease)
             self.forget(lease)
         return idle
 
-    def _expire(self, lease: int, granted_s: int) -> None:
-        """The timer: ``lease``'s window for binding closed while it was idle."""
-        self._timers.pop(lease, None)
-        stack = self._idle.get(granted_s)
-        if stack is not None and lease in stack:
-            stack.remove(lease)
-            self._revoke(lease)  # it carries nothing, and never will again
+    def _bindable_until(self, lease: int, granted_s: int) -> float:
+        """When ``lease`` stops having the whole TTL it serves ahead of it (the granted
+        TTL less ``REUSE_EXTRA_S``) and the guard: it can be bound only before then."""
+        return self._expires_by[lease] - (granted_s - REUSE_EXTRA_S) - BIND_GUARD_S
 
-    def _stop_timer(self, lease: int) -> None:
-        timer = self._timers.pop(lease, None)
-        if timer is not None:
-            timer.cancel()
+    def _start_timer(self, lease: int, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._timers[lease] = loop.call_at(when, self._expire, lease)
+
+    def _expire(self, lease: int) -> None:
+        """The timer: revoke ``lease`` if it is idle and can no longer be bound."""
+        del self._timers[lease]
+        granted_s = self._idle_of.get(lease)
+        if granted_s is None:
+            return  # bound again (or revoked) since: a later idle spell sets its own
+        if lease in self._expires_by:
+            bindable_until = self._bindable_until(lease, granted_s)
+            if bindable_until > asyncio.get_running_loop().time():
+                self._start_timer(lease, bindable_until)  # kept alive meanwhile
+                return
+        del self._idle_of[lease]
+        self._idle[granted_s].remove(lease)
+        self._revoke(lease)  # it carries nothing, and never will again
 
     def _prune(self, now: float) -> None:
         # Records whose holder never released nor renewed them leave their lease here;
@@ -172,7 +190,7 @@ class LeasePool:
         for stack in self._idle.values():
             for lease in stack:
                 if lease not in self._expires_by:
-                    self._stop_timer(lease)
+                    del self._idle_of[lease]
             stack[:] = [lease for lease in stack if lease in self._expires_by]
 
 
