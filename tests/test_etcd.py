@@ -709,6 +709,33 @@ async def test_the_pool_revokes_an_idle_lease_when_its_window_closes_later_if_ke
     assert len(pool) == 0
 
 
+def test_an_idle_lease_given_back_on_a_second_event_loop_gets_a_timer_there() -> None:
+    """A timer set on an event loop that has closed never fires: a lease given back
+    on the next loop gets a timer of its own there instead of waiting on it."""
+    from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
+
+    revoked: list[int] = []
+    pool = LeasePool(revoked.append)
+
+    async def give_back(window_s: float) -> None:
+        now = asyncio.get_running_loop().time()
+        pool.granted(1, 11, now - 0.9 + window_s)
+        assert pool.give_back(1, now)
+
+    asyncio.run(give_back(60.0))  # its timer is due in a minute, on a loop now closed
+    assert pool.take(11, 10, time.monotonic()) == 1
+
+    async def again() -> None:
+        await give_back(0.05)
+        for _ in range(100):
+            if revoked:
+                break
+            await asyncio.sleep(0.02)
+
+    asyncio.run(again())
+    assert revoked == [1]
+
+
 def test_bindings_name_each_lease_for_at_most_one_record_and_forget_the_oldest() -> None:
     """What a release whose outcome is lost revokes: never a lease that another record
     was bound to since, nor one left empty or revoked."""

@@ -83,9 +83,10 @@ class LeasePool:
         self._idle: dict[int, list[int]] = {}
         # idle lease ID -> its granted TTL (which stack it is on)
         self._idle_of: dict[int, int] = {}
-        # lease ID -> the timer that revokes it if it is idle when its window closes;
-        # left pending when the lease is bound again (it then finds it not idle)
-        self._timers: dict[int, asyncio.TimerHandle] = {}
+        # lease ID -> the timer that revokes it if it is idle when its window closes,
+        # and the event loop it runs on; left pending when the lease is bound again
+        # (it then finds it not idle)
+        self._timers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._grants = 0
 
     def __len__(self) -> int:
@@ -137,7 +138,10 @@ class LeasePool:
             return False
         self._idle.setdefault(granted_s, []).append(lease)
         self._idle_of[lease] = granted_s
-        if lease not in self._timers:  # one a previous idle spell set is still due
+        timer = self._timers.get(lease)
+        # One a previous idle spell set is still due, unless its event loop is gone
+        # (the provider is used from another loop now: that timer never fires).
+        if timer is None or timer[0] is not asyncio.get_running_loop():
             self._start_timer(lease, bindable_until)
         return True
 
@@ -151,7 +155,7 @@ class LeasePool:
         idle = [lease for stack in self._idle.values() for lease in stack]
         self._idle.clear()
         self._idle_of.clear()
-        for timer in self._timers.values():
+        for _, timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
         for lease in idle:
@@ -165,11 +169,11 @@ class LeasePool:
 
     def _start_timer(self, lease: int, when: float) -> None:
         loop = asyncio.get_running_loop()
-        self._timers[lease] = loop.call_at(when, self._expire, lease)
+        self._timers[lease] = (loop, loop.call_at(when, self._expire, lease))
 
     def _expire(self, lease: int) -> None:
         """The timer: revoke ``lease`` if it is idle and can no longer be bound."""
-        del self._timers[lease]
+        self._timers.pop(lease, None)
         granted_s = self._idle_of.get(lease)
         if granted_s is None:
             return  # bound again (or revoked) since: a later idle spell sets its own
