@@ -9,6 +9,7 @@ three-member cluster tests are in ``test_etcd_cluster.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import shutil
@@ -554,24 +555,30 @@ async def test_reuse_leases_false_grants_the_exact_ttl_and_revokes_each_lease(
         assert server.lease_ids() == []
 
 
-async def test_an_idle_etcd_lease_with_less_than_the_ttl_left_is_not_bound(
+async def test_an_idle_etcd_lease_is_revoked_once_it_can_no_longer_be_bound(
     private_etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
-    """Reuse never shortens a lease: once the server says an idle etcd lease has less
-    than the TTL left, the next acquire grants a fresh one, with the full TTL."""
+    """Reuse never shortens a lease: an idle etcd lease is bound again only while it
+    surely has the whole TTL ahead of it. Past that it is revoked on its own (not left
+    until the next acquire, a flush or aclose), and the next acquire grants a fresh
+    one, with the full TTL."""
     server = private_etcd_server
     async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
         assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.release_lease("k", "a")
         [idle] = server.lease_ids()
         assert server.lease_ttl(idle)[1] == 11  # one second more than asked, for reuse
-        while server.lease_ttl(idle)[0] >= 10:  # noqa: ASYNC110 (the server's count, whole s)
+        for _ in range(200):
+            if idle not in server.lease_ids():
+                break
             await asyncio.sleep(0.05)
+        assert server.lease_ids() == []  # revoked by the provider, long before its TTL
+        assert len(p._pool) == 0
         before = grpc_calls(server)
         assert (await p.acquire_lease("k", "a", 10_000)).acquired
         await p.flush()
-        # A grant and the transaction; the idle lease, too old to bind, is revoked.
-        assert delta(grpc_calls(server), before) == {"LeaseGrant": 1, "Txn": 1, "LeaseRevoke": 1}
+        # A grant and the transaction; nothing was left to revoke.
+        assert client_calls(delta(grpc_calls(server), before)) == {"LeaseGrant": 1, "Txn": 1}
         [fresh] = server.lease_ids()
         assert fresh != idle
         assert server.lease_ttl(fresh)[0] >= 10
@@ -673,6 +680,108 @@ async def test_no_etcd_lease_is_left_behind(
             await p.release_lease(f"race{round_}", winner)
         assert await p.lease_ids() == []
     assert private_etcd_server.lease_ids() == []
+
+
+async def test_the_pool_revokes_an_idle_lease_when_its_window_closes_later_if_kept_alive() -> None:
+    """The pool's timer, on its own: an idle lease is revoked once it can no longer be
+    bound; one kept alive meanwhile (its window moved on) only when its new window
+    closes; one bound again in between not at all."""
+    from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
+
+    revoked: list[int] = []
+    pool = LeasePool(revoked.append)
+    now = asyncio.get_running_loop().time()
+    for lease in (1, 2, 3):  # 11 s leases, windows closing 0.05 s from now
+        pool.granted(lease, 11, now - 0.85)
+        assert pool.give_back(lease, now)
+    pool.kept_alive(2, 11, now)  # its window now closes 0.9 s from now
+    assert pool.take(11, 10, now) == 3  # bound again: not idle any more
+    for _ in range(100):
+        if revoked:
+            break
+        await asyncio.sleep(0.02)
+    assert revoked == [1]
+    for _ in range(200):
+        if len(revoked) > 1:
+            break
+        await asyncio.sleep(0.02)
+    assert revoked == [1, 2]
+    assert len(pool) == 0
+
+
+def test_an_idle_lease_given_back_on_a_second_event_loop_gets_a_timer_there() -> None:
+    """A timer set on an event loop that has closed never fires: a lease given back
+    on the next loop gets a timer of its own there instead of waiting on it."""
+    from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
+
+    revoked: list[int] = []
+    pool = LeasePool(revoked.append)
+
+    async def give_back(window_s: float) -> None:
+        now = asyncio.get_running_loop().time()
+        pool.granted(1, 11, now - 0.9 + window_s)
+        assert pool.give_back(1, now)
+
+    asyncio.run(give_back(60.0))  # its timer is due in a minute, on a loop now closed
+    assert pool.take(11, 10, time.monotonic()) == 1
+
+    async def again() -> None:
+        await give_back(0.05)
+        for _ in range(100):
+            if revoked:
+                break
+            await asyncio.sleep(0.02)
+
+    asyncio.run(again())
+    assert revoked == [1]
+
+
+def test_bindings_name_each_lease_for_at_most_one_record_and_forget_the_oldest() -> None:
+    """What a release whose outcome is lost revokes: never a lease that another record
+    was bound to since, nor one left empty or revoked."""
+    from leasekit_etcd._pool import Bindings  # noqa: PLC0415
+
+    bindings = Bindings(size=2)
+    bindings.bound(b"r1", 1)
+    bindings.bound(b"r2", 1)  # lease 1 was left empty, then bound to r2
+    assert bindings.pop(b"r1") is None
+    bindings.keep_if_on(b"r2", 2)  # read on another lease: forgotten
+    assert bindings.pop(b"r2") is None
+    bindings.bound(b"r3", 3)
+    bindings.drop_lease(3)  # left empty, or revoked
+    assert bindings.pop(b"r3") is None
+    for lease, record in enumerate((b"a", b"b", b"c"), start=10):
+        bindings.bound(record, lease)
+    assert len(bindings) == 2
+    assert (bindings.pop(b"a"), bindings.pop(b"b"), bindings.pop(b"c")) == (None, 11, 12)
+
+
+async def test_a_cancelled_release_leaves_neither_the_key_held_nor_an_empty_etcd_lease(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """A release whose caller is cancelled 0-4 ms in: its transaction may have been
+    sent, may land later, or may never be sent. The provider then revokes the etcd
+    lease it bound the record to, in the background: that ends the record if the
+    release did not land, and the empty lease if it did.
+
+    Before the fix, a cancelled release that landed left its etcd lease bound to no key
+    for its whole TTL (about half of them), and one cancelled before it was sent left
+    the key held.
+    """
+    server = private_etcd_server
+    rounds = 40
+    async with EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix) as p:
+        for i in range(rounds):
+            key = f"k{i}"
+            assert (await p.acquire_lease(key, "a", LONG_MS)).acquired
+            release = asyncio.ensure_future(p.release_lease(key, "a"))
+            await asyncio.sleep(0.004 * i / rounds)
+            release.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await release
+        await p.flush()
+        assert [r.key for r in await p.inspect()] == []
+        assert server.lease_ids() == []
 
 
 async def test_release_frees_a_record_another_provider_moved_for_the_same_owner(
@@ -789,6 +898,79 @@ async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recove
             break
         await anyio.sleep(0.2)
     assert len(private_etcd_server.lease_ids()) <= 1
+
+
+async def test_aclose_against_a_frozen_server_leaves_no_idle_etcd_lease_behind(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Idle etcd leases kept for reuse are revoked once they can no longer be bound,
+    not left for ``aclose``: an ``aclose`` that cannot reach a frozen server (its
+    revocations abandoned at ``timeout_s``) then orphans none of them.
+
+    Before the fix, every lease a release left idle stayed in the provider, bound to
+    nothing, until the next acquire of the same TTL, a flush or aclose; frozen, aclose
+    gave up on revoking them, and each was left bound to no key for its whole TTL.
+    """
+    server = private_etcd_server
+    provider = EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix, timeout_s=1.0)
+    keys = [f"k{i}" for i in range(20)]
+    results = await asyncio.gather(*(provider.acquire_lease(k, "a", LONG_MS) for k in keys))
+    assert all(result.acquired for result in results)
+    await asyncio.gather(*(provider.release_lease(k, "a") for k in keys))
+    assert len(server.lease_ids()) == len(keys)  # idle, bound to nothing, for reuse
+    # Each can be bound again for under a second after its grant; then it is revoked
+    # (before the fix, never: they stay until aclose).
+    for _ in range(100):
+        if not server.lease_ids():
+            break
+        await asyncio.sleep(0.1)
+    server.pause()
+    try:
+        await provider.aclose()
+    finally:
+        server.resume()
+    assert server.lease_ids() == []  # before the fix: all 20, for their whole TTL
+
+
+@pytest.mark.slow
+async def test_what_a_frozen_aclose_leaves_ends_on_its_own_at_its_granted_ttl(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """16 tasks cycle acquire, transfer and release; the server freezes; ``aclose``
+    gives up on what it cannot reach; the server wakes. Whatever is left (records
+    whose transaction landed late, leases idle, detached or granted with their
+    revocation abandoned or their reply lost) carries at most the TTL granted, one
+    second more than asked, and is gone once that has run out: nothing keeps it alive.
+    (About 12 s: the TTL must be 10 s or more for leases to be reused.)"""
+    server = private_etcd_server
+    ttl_ms = 10_000
+    provider = EtcdLeaseProvider.from_url(server.url, prefix=etcd_prefix, timeout_s=1.0)
+    await provider.get_lease_owner("warm-up")
+
+    async def cycle(i: int) -> None:
+        with contextlib.suppress(leasekit.LeaseError):
+            while True:
+                if (await provider.acquire_lease(f"k{i}", "a", ttl_ms)).acquired:
+                    await provider.transfer_lease(f"k{i}", "a", "b", ttl_ms)
+                    await provider.release_lease(f"k{i}", "b")
+
+    tasks = [asyncio.ensure_future(cycle(i)) for i in range(16)]
+    await asyncio.sleep(0.3)
+    server.pause()
+    try:
+        await provider.aclose()
+        await asyncio.gather(*tasks)
+    finally:
+        server.resume()
+    left = server.lease_ids()
+    assert all(server.lease_ttl(lease)[1] <= ttl_ms // 1000 + 1 for lease in left)
+    # Each ends at most 11 s after etcd applied its grant, which was at the latest
+    # when the server woke; the leader looks for expired leases every 500 ms.
+    for _ in range(150):
+        if not server.lease_ids():
+            break
+        await asyncio.sleep(0.1)
+    assert server.lease_ids() == []
 
 
 async def test_a_killed_server_is_a_backend_error_and_a_restart_recovers(

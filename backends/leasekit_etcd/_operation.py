@@ -10,7 +10,8 @@ An etcd lease that a transaction leaves without a record (detached, or never bou
 goes back to the provider's ``_pool`` for the next acquire if the provider granted
 it, and to ``provider._revoke_later`` (revoked in the background) if not. One that an
 operation may have bound before it failed (its outcome unknown) is revoked, with
-whatever it carries.
+whatever it carries; so is, when a release's outcome is lost, the lease this provider
+bound the record to (``_pool.Bindings``).
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ class Operation:
 
     def left_empty(self, lease: int) -> None:
         """``lease`` carries no record now: keep it for reuse if ours, else revoke it."""
-        if not self.provider._pool.give_back(lease):
+        self.provider._bindings.drop_lease(lease)
+        now = asyncio.get_running_loop().time()
+        if not self.provider._pool.give_back(lease, now):
             self.provider._revoke_later(lease)
 
     async def revoke(self, lease_id: int) -> None:
@@ -198,6 +201,7 @@ class Operation:
                 ttl_s, lambda lease: _txn.acquire_free(start, end, record, owner_b, lease)
             )
             if reply.succeeded:
+                self.provider._bindings.bound(record, lease)
                 seen.add(key)
                 return LeaseResult(True, owner, reply.header.revision)
             holder_now = _replies.denied_holder(self.prefix, reply, key)
@@ -226,6 +230,7 @@ class Operation:
 
     async def _reset_ttl(self, record: bytes, owner: str, lease: int, ttl_s: int) -> bool:
         """Give ``owner``'s live record a full ``ttl_s`` again; False if it ended."""
+        self.provider._bindings.keep_if_on(record, lease)
         granted_s = await self.keep_alive(lease)
         if granted_s <= 0:
             return False  # the etcd lease expired: the record is gone with it
@@ -258,11 +263,24 @@ class Operation:
         token, left = _replies.moved_from(reply, fresh)
         if left is not None:
             self.left_empty(left)
+        self.provider._bindings.bound(record, fresh)
         return token
 
     async def release(self, key: str, owner: str) -> None:
         record = _keys.record_name(self.prefix, key, owner)
-        reply = await self.txn(_txn.release(record, owner.encode()))
+        bindings = self.provider._bindings
+        try:
+            reply = await self.txn(_txn.release(record, owner.encode()))
+        except (Exception, asyncio.CancelledError):
+            # Cancelled, or failed after the transaction may have been sent: it may land
+            # now, later or never. Revoking the etcd lease this provider bound the
+            # record to ends the record if it did not, and the lease it left empty if
+            # it did (which no reply will name).
+            lease = bindings.pop(record)
+            if lease is not None:
+                self.provider._revoke_later(lease)
+            raise
+        bindings.pop(record)
         if reply.succeeded:
             # The key is free from this transaction on. The etcd lease the record was
             # on now carries nothing: revoking it is housekeeping, off the caller's path.
@@ -280,8 +298,10 @@ class Operation:
         if not reply.succeeded:
             self.left_empty(lease)  # never bound
             return False
+        self.provider._bindings.pop(from_record)
         for detached in _replies.detached_leases(reply, bound=lease):
             self.left_empty(detached)  # its record was just deleted
+        self.provider._bindings.bound(to_record, lease)
         return True
 
     async def inspect(self, key_prefix: str | None, limit: int) -> list[LeaseRecord]:

@@ -22,16 +22,25 @@ in its one transaction. That is only correct within limits, which this class kee
   The tracking is a hint: a lease forgotten (pruned, or revoked meanwhile by someone
   else) is revoked instead of kept, or fails its binding with "lease not found", which
   the acquire answers by granting a fresh one.
+- **Idle only while it can be bound.** An idle lease is revoked as soon as it can no
+  longer be bound (about ``REUSE_EXTRA_S - BIND_GUARD_S`` after its grant or last
+  keep-alive), by a timer, not when the next acquire happens to look at it: a lease
+  that can never carry a record again is not kept, so the provider never holds more
+  idle leases than it left empty in the last second, and an ``aclose`` that cannot
+  reach the server (frozen) abandons only those few revocations; each of those
+  leases then ends on its own at its granted TTL.
 
-An idle lease found too old to bind is revoked then; ``flush()`` and ``aclose()``
+An idle lease found too old to bind is revoked then too; ``flush()`` and ``aclose()``
 revoke whatever is idle.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "LeasePool"]
+__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "Bindings", "LeasePool"]
 
 #: Seconds added to each grant: the window in which an idle lease can be bound again.
 REUSE_EXTRA_S = 1
@@ -43,12 +52,23 @@ REUSE_MIN_TTL_S = 10
 BIND_GUARD_S = 0.1
 _PRUNE_EVERY = 1024
 _PRUNE_AFTER_S = 60.0
+#: How many records' etcd leases :class:`Bindings` remembers, the oldest forgotten first.
+BINDINGS_KEPT = 65536
 
 
 class LeasePool:
     """This provider's etcd leases: when each surely lives until, and which are idle."""
 
-    __slots__ = ("_enabled", "_expires_by", "_granted_s", "_grants", "_idle", "_revoke")
+    __slots__ = (
+        "_enabled",
+        "_expires_by",
+        "_granted_s",
+        "_grants",
+        "_idle",
+        "_idle_of",
+        "_revoke",
+        "_timers",
+    )
 
     def __init__(self, revoke: Callable[[int], None], *, enabled: bool = True) -> None:
         #: revokes an etcd lease in the background (and forgets it here)
@@ -61,6 +81,12 @@ class LeasePool:
         self._granted_s: dict[int, int] = {}
         # granted TTL -> idle lease IDs, the most recently idle last
         self._idle: dict[int, list[int]] = {}
+        # idle lease ID -> its granted TTL (which stack it is on)
+        self._idle_of: dict[int, int] = {}
+        # lease ID -> the timer that revokes it if it is idle when its window closes,
+        # and the event loop it runs on; left pending when the lease is bound again
+        # (it then finds it not idle)
+        self._timers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._grants = 0
 
     def __len__(self) -> int:
@@ -89,18 +115,34 @@ class LeasePool:
         stack = self._idle.get(granted_s)
         while stack:
             lease = stack.pop()
+            del self._idle_of[lease]
             expires_by = self._expires_by.get(lease)
             if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
                 return lease
             self._revoke(lease)  # too old to bind; it carries nothing
         return None
 
-    def give_back(self, lease: int) -> bool:
-        """``lease`` was just left without a record; False if it is not ours to keep."""
+    def give_back(self, lease: int, now: float) -> bool:
+        """``lease`` was just left without a record (at loop time ``now``); False if it
+        is not ours to keep, or can no longer be bound (the caller revokes it then).
+
+        A kept lease is revoked by a timer once it can no longer be bound: when less
+        than the TTL it serves (its granted TTL less ``REUSE_EXTRA_S``) and the guard
+        are left of it.
+        """
         granted_s = self._granted_s.get(lease)
         if granted_s is None or not self._enabled:
             return False
+        bindable_until = self._bindable_until(lease, granted_s)
+        if bindable_until <= now:
+            return False
         self._idle.setdefault(granted_s, []).append(lease)
+        self._idle_of[lease] = granted_s
+        timer = self._timers.get(lease)
+        # One a previous idle spell set is still due, unless its event loop is gone
+        # (the provider is used from another loop now: that timer never fires).
+        if timer is None or timer[0] is not asyncio.get_running_loop():
+            self._start_timer(lease, bindable_until)
         return True
 
     def forget(self, lease: int) -> None:
@@ -112,9 +154,37 @@ class LeasePool:
         """Every idle lease, forgotten, for the caller to revoke."""
         idle = [lease for stack in self._idle.values() for lease in stack]
         self._idle.clear()
+        self._idle_of.clear()
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for lease in idle:
             self.forget(lease)
         return idle
+
+    def _bindable_until(self, lease: int, granted_s: int) -> float:
+        """When ``lease`` stops having the whole TTL it serves ahead of it (the granted
+        TTL less ``REUSE_EXTRA_S``) and the guard: it can be bound only before then."""
+        return self._expires_by[lease] - (granted_s - REUSE_EXTRA_S) - BIND_GUARD_S
+
+    def _start_timer(self, lease: int, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._timers[lease] = (loop, loop.call_at(when, self._expire, lease))
+
+    def _expire(self, lease: int) -> None:
+        """The timer: revoke ``lease`` if it is idle and can no longer be bound."""
+        self._timers.pop(lease, None)
+        granted_s = self._idle_of.get(lease)
+        if granted_s is None:
+            return  # bound again (or revoked) since: a later idle spell sets its own
+        if lease in self._expires_by:
+            bindable_until = self._bindable_until(lease, granted_s)
+            if bindable_until > asyncio.get_running_loop().time():
+                self._start_timer(lease, bindable_until)  # kept alive meanwhile
+                return
+        del self._idle_of[lease]
+        self._idle[granted_s].remove(lease)
+        self._revoke(lease)  # it carries nothing, and never will again
 
     def _prune(self, now: float) -> None:
         # Records whose holder never released nor renewed them leave their lease here;
@@ -122,4 +192,63 @@ class LeasePool:
         for lease in [i for i, t in self._expires_by.items() if t < now - _PRUNE_AFTER_S]:
             self.forget(lease)
         for stack in self._idle.values():
+            for lease in stack:
+                if lease not in self._expires_by:
+                    del self._idle_of[lease]
             stack[:] = [lease for lease in stack if lease in self._expires_by]
+
+
+class Bindings:
+    """Which etcd lease of this provider's each record it wrote was bound to, last it knew.
+
+    So that a release whose outcome is lost (its caller cancelled, or it failed after
+    the transaction may have been sent) can revoke that lease in the background:
+    revoking it ends the record if the release did not land, and an empty lease if it
+    did, where otherwise one of the two would be left until the lease's TTL.
+
+    Only leases this provider granted are remembered (another process may bind its own
+    lease to another record once it is empty, never one of ours), each for at most one
+    record: a lease left empty, bound to another record, or revoked is dropped. A
+    record whose lease has since ended, or that another process moved, names a lease
+    that is gone or carries nothing, and revoking that changes nothing. Bounded: the
+    oldest of ``BINDINGS_KEPT`` entries is forgotten first, which costs only the
+    cleanup.
+    """
+
+    __slots__ = ("_lease_of", "_record_of", "_size")
+
+    def __init__(self, size: int = BINDINGS_KEPT) -> None:
+        self._size = size
+        self._lease_of: OrderedDict[bytes, int] = OrderedDict()
+        self._record_of: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._lease_of)
+
+    def bound(self, record: bytes, lease: int) -> None:
+        """This provider's transaction put ``record`` on ``lease``, its own."""
+        self.pop(record)
+        self.drop_lease(lease)
+        self._lease_of[record] = lease
+        self._record_of[lease] = record
+        if len(self._lease_of) > self._size:
+            _, oldest = self._lease_of.popitem(last=False)
+            self._record_of.pop(oldest, None)
+
+    def pop(self, record: bytes) -> int | None:
+        """Forget ``record``; the lease it was last known on, if any."""
+        lease = self._lease_of.pop(record, None)
+        if lease is not None:
+            self._record_of.pop(lease, None)
+        return lease
+
+    def keep_if_on(self, record: bytes, lease: int) -> None:
+        """``record`` was just read on ``lease``: forget it unless that is the one known."""
+        if self._lease_of.get(record) != lease:
+            self.pop(record)
+
+    def drop_lease(self, lease: int) -> None:
+        """``lease`` carries no record now (left empty, revoked, or unknown)."""
+        record = self._record_of.pop(lease, None)
+        if record is not None:
+            self._lease_of.pop(record, None)

@@ -9,9 +9,12 @@ No etcd lease is left behind. Every etcd lease the provider grants ends up bound
 record whose operation returned to its caller, or revoked. An operation waits only for
 the round trips that decide its answer: an etcd lease that a transaction has just
 detached from its record or never bound, or that an operation failing midway may have
-left, is revoked in the background (:meth:`BackendProvider._spawn
+left (a release whose outcome is lost: the lease it bound the record to,
+``_pool.Bindings``), is revoked in the background (:meth:`BackendProvider._spawn
 <leasekit.backend.BackendProvider._spawn>`), which :meth:`flush` waits for and
-``aclose`` drains within ``timeout_s``. ``aclose`` lets operations in flight finish
+``aclose`` drains within ``timeout_s``. A revocation that cannot reach the server in
+time, or a reply that never came back, leaves a lease that ends on its own at its
+granted TTL; nothing keeps such a lease alive. ``aclose`` lets operations in flight finish
 first, so a record an acquire created is always one its caller was told about.
 ``docs/backends/etcd.md`` has the round trips per operation and the argument for each
 choice.
@@ -54,7 +57,7 @@ from ._keys import holder_range
 from ._members import SETTLE_S, Credentials, Member, Members, TlsFiles
 from ._notify import EtcdReleaseListener
 from ._operation import Operation
-from ._pool import LeasePool
+from ._pool import Bindings, LeasePool
 
 __all__ = ["EtcdLeaseProvider", "EtcdURLSettings", "url_settings"]
 
@@ -249,6 +252,7 @@ class EtcdLeaseProvider(BackendProvider):
         self._seen_held = _RecentKeys(_SEEN_HELD_KEYS)
         reuse = settings["reuse_leases"].validate(reuse_leases)
         self._pool = LeasePool(self._revoke_later, enabled=reuse)
+        self._bindings = Bindings()
         self._channels_closed = False
         self._watcher: Any = None
         self._listener = self._release_listener = EtcdReleaseListener(
@@ -374,6 +378,7 @@ class EtcdLeaseProvider(BackendProvider):
         operations left.
         """
         self._pool.forget(lease_id)
+        self._bindings.drop_lease(lease_id)
         members = self._members
         if members is None or self._channels_closed:
             return  # nothing left to send it on: the empty lease ends at its TTL
