@@ -7,7 +7,7 @@ statement logged (``log_min_duration_statement=0``, ``log_line_prefix='%m [%p] '
 Each run (about 11 s) gets a fresh table, with an audit trigger that records every
 change of a row on the server (the row before and after, ``clock_timestamp()``, the
 backend's pid and the statement). Four worker processes of three owners each churn
-eight keys (acquire, renew at once, hold up to 50 ms, renew, release; ttl 1000 ms,
+eight keys (acquire, renew at once, hold up to 50 ms, renew, hold, release; ttl 1000 ms,
 ``timeout_s=2``) while the driver injects, in order: an immediate restart (SIGKILL of
 every server process, then a start on the same data), ``pg_terminate_backend`` of
 the workers' connections, and SIGSTOP of the postmaster and every backend for 3 s.
@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -117,13 +119,12 @@ async def churn(
             continue
         if await call("renew", key, TTL_MS):
             await asyncio.sleep(rng.uniform(0.0, HOLD_S))
-            await call("renew", key, TTL_MS)
+            if await call("renew", key, TTL_MS):
+                await asyncio.sleep(rng.uniform(0.0, HOLD_S))
         await call("release", key)
 
 
-async def worker(
-    url: str, table: str, index: int, until: float, *, sticky: bool
-) -> list[dict[str, Any]]:
+async def worker(url: str, table: str, index: int, *, sticky: bool) -> list[dict[str, Any]]:
     from leasekit_postgres import PostgresLeaseProvider  # noqa: PLC0415
 
     from leasekit import LeaseError  # noqa: PLC0415
@@ -136,6 +137,8 @@ async def worker(
             break
         except LeaseError:
             await asyncio.sleep(0.1)
+    print("ready", flush=True)
+    until = float(await asyncio.to_thread(sys.stdin.readline))
     try:
         await asyncio.gather(
             *(
@@ -243,9 +246,22 @@ def server_log_lines(log_path: Path, pids: set[int], low: float, high: float) ->
     return lines
 
 
-def run_once(server: Any, number: int, workdir: Path, *, sticky: bool) -> int:
+def resume_staggered(server: Any, spread_s: float, rng: random.Random) -> None:
+    """SIGCONT the backends one by one in a random order over ``spread_s``, then the rest.
+
+    As a loaded machine schedules them: some backends run well before others.
+    """
+    backends = server._backends()
+    rng.shuffle(backends)
+    for pid in backends:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(spread_s / max(1, len(backends)))
+    server.resume()  # the postmaster, last, as the harness's resume does
+
+
+def run_once(server: Any, number: int, workdir: Path, *, sticky: bool, stagger_s: float) -> int:
     import psycopg  # noqa: PLC0415
-    from psycopg import sql  # noqa: PLC0415
 
     table = f"faults_{number}"
     url = f"{server.url}?application_name={APPLICATION}"
@@ -255,16 +271,28 @@ def run_once(server: Any, number: int, workdir: Path, *, sticky: bool) -> int:
 
         conn.execute(Statements(table_name(table)).migrate)
         conn.execute(AUDIT_SQL.replace("{table}", table).encode())
-    start = time.time()
-    until = start + END_AT
     outs = [workdir / f"run{number}-worker{i}.jsonl" for i in range(WORKERS)]
     procs = [
         subprocess.Popen(  # noqa: S603 (this script, with arguments of its own)
-            [sys.executable, __file__, "--worker", url, table, str(i), str(until), str(out)]
-            + (["--sticky"] if sticky else [])
+            [sys.executable, __file__, "--worker", url, table, str(i), str(out)]
+            + (["--sticky"] if sticky else []),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i, out in enumerate(outs)
     ]
+    # The schedule starts once every worker is connected (a loaded machine takes a
+    # while to start four interpreters): each says "ready", and is told when to stop.
+    for proc in procs:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+    start = time.time()
+    until = start + END_AT
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{until}\n")
+        proc.stdin.close()
     events: list[tuple[float, str]] = []
 
     def at(offset: float) -> None:
@@ -284,21 +312,40 @@ def run_once(server: Any, number: int, workdir: Path, *, sticky: bool) -> int:
     events.append((time.time(), "SIGSTOP"))
     server.pause()
     at(PAUSE_AT + PAUSE_S)
-    server.resume()
-    events.append((time.time(), "SIGCONT"))
+    if stagger_s:
+        events.append((time.time(), f"SIGCONT, backends staggered over {stagger_s:g} s"))
+        resume_staggered(server, stagger_s, random.Random(number))
+    else:
+        server.resume()
+        events.append((time.time(), "SIGCONT"))
     for proc in procs:
         proc.wait(60)
     calls = [json.loads(line) for out in outs for line in out.read_text().splitlines()]
     found = overlaps(calls)
     errors = sum(1 for c in calls if "error" in c)
     granted = sum(1 for c in calls if c.get("acquired"))
+    faults = ", ".join(
+        f"{what.split(' ')[0].rstrip(',')} at {when - start:.1f} s" for when, what in events
+    )
+    first, last = min(c["sent"] for c in calls), max(c["back"] for c in calls)
+    span = f"calls {first - start:.1f}-{last - start:.1f} s"
     print(
-        f"run {number}: {len(calls)} calls, {granted} grants, {errors} errors, "
-        f"{len(found)} overlaps",
+        f"run {number}: {len(calls)} calls ({span}), {granted} grants, {errors} errors, "
+        f"{len(found)} overlaps; {faults}",
         flush=True,
     )
-    if not found:
-        return 0
+    if found:
+        report(server, table, events, found)
+    return len(found)
+
+
+def report(
+    server: Any, table: str, events: list[tuple[float, str]], found: list[tuple[Holding, Holding]]
+) -> None:
+    """Print each overlap: both owners' calls, the server's audit rows and log lines."""
+    import psycopg  # noqa: PLC0415
+    from psycopg import sql  # noqa: PLC0415
+
     for when, what in events:
         print(f"  fault {stamp(when)}: {what}")
     with psycopg.connect(server.url, autocommit=True) as conn:
@@ -331,18 +378,24 @@ def run_once(server: Any, number: int, workdir: Path, *, sticky: bool) -> int:
                 )
         print("  server log of those backends:")
         print("\n".join(server_log_lines(server.log_path, pids, low, high)))
-    return len(found)
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--worker":
-        url, table, index, until, out = argv[1:6]
-        calls = asyncio.run(worker(url, table, int(index), float(until), sticky="--sticky" in argv))
+        url, table, index, out = argv[1:5]
+        calls = asyncio.run(worker(url, table, int(index), sticky="--sticky" in argv))
         Path(out).write_text("".join(json.dumps(e) + "\n" for e in calls), encoding="utf-8")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the server log and call logs here")
+    parser.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0,
+        help="wake the frozen backends one by one in a random order over this long "
+        "(default: all at once, then the postmaster)",
+    )
     parser.add_argument(
         "--sticky",
         action="store_true",
@@ -370,7 +423,14 @@ def main(argv: list[str]) -> int:
         workdir = Path(tmp)
         with PostgresServer(binary, workdir / "postgres", extra_settings=settings) as server:
             for number in range(1, options.runs + 1):
-                total += run_once(server, number, workdir, sticky=options.sticky) > 0
+                found = run_once(
+                    server,
+                    number,
+                    workdir,
+                    sticky=options.sticky,
+                    stagger_s=options.stagger_ms / 1000,
+                )
+                total += found > 0
             if options.keep is not None:
                 options.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy(server.log_path, options.keep / "postgres.log")
