@@ -15,9 +15,11 @@ the workers' connections, and SIGSTOP of the postmaster and every backend for 3 
 An overlap is judged from the callers' side, as an application sees it: an owner
 holds a key from the return of its granted acquire until ``send time + ttl`` of its
 last granted acquire or successful renew, cut at the send of its release or of a
-refused renew. Two owners holding the same key at once is an overlap; for each one the
-script prints both owners' calls and the server's audit rows for the key, and the
-server log lines of the backends that wrote them. Exit status 1 if any run overlapped.
+refused renew. Two owners holding the same key at once is an overlap. A holding is
+also reported as cut short when a renew was refused before that time had passed
+(the server must have ended the lease early: a release). For each, the script prints
+the owners' calls, the server's audit rows for the key and the server log lines of
+the backends that wrote them. Exit status 1 if any run had either.
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ class Holding:
     start: float  # the granted acquire's return
     end: float  # send + ttl of the last confirmation, cut at a release or refusal
     calls: list[dict[str, Any]]
+    cut_short: bool = False
 
 
 def holdings(calls: list[dict[str, Any]]) -> list[Holding]:
@@ -184,9 +187,12 @@ def holdings(calls: list[dict[str, Any]]) -> list[Holding]:
                 current.calls.append(entry)
                 if entry["op"] == "renew" and entry.get("renewed"):
                     current.end = max(current.end, entry["sent"] + TTL_MS / 1000)
-                elif entry["op"] == "release" or (
-                    entry["op"] == "renew" and entry.get("renewed") is False
-                ):
+                elif entry["op"] == "renew" and entry.get("renewed") is False:
+                    # Refused before the lease could have expired: ended under us.
+                    current.cut_short = entry["back"] < current.end
+                    current.end = min(current.end, entry["sent"])
+                    current = None
+                elif entry["op"] == "release":
                     current.end = min(current.end, entry["sent"])
                     current = None
     return found
@@ -322,6 +328,7 @@ def run_once(server: Any, number: int, workdir: Path, *, sticky: bool, stagger_s
         proc.wait(60)
     calls = [json.loads(line) for out in outs for line in out.read_text().splitlines()]
     found = overlaps(calls)
+    found += [(held, held) for held in holdings(calls) if held.cut_short]
     errors = sum(1 for c in calls if "error" in c)
     granted = sum(1 for c in calls if c.get("acquired"))
     faults = ", ".join(
@@ -331,7 +338,7 @@ def run_once(server: Any, number: int, workdir: Path, *, sticky: bool, stagger_s
     span = f"calls {first - start:.1f}-{last - start:.1f} s"
     print(
         f"run {number}: {len(calls)} calls ({span}), {granted} grants, {errors} errors, "
-        f"{len(found)} overlaps; {faults}",
+        f"{len(found)} overlaps or leases cut short; {faults}",
         flush=True,
     )
     if found:
@@ -360,13 +367,18 @@ def report(
             ).format(sql.Identifier(f"{table}_audit"))
         ).fetchall()
     for first, later in found:
-        print(
-            f"OVERLAP on {first.key}: {first.owner} (token {first.token}) until "
-            f"{stamp(first.end)}, {later.owner} (token {later.token}) from {stamp(later.start)}"
-        )
-        for entry in sorted(first.calls + later.calls, key=lambda e: e["sent"]):
+        if first is later:
+            print(f"CUT SHORT on {first.key}: {first.owner} (token {first.token})")
+        else:
+            print(
+                f"OVERLAP on {first.key}: {first.owner} (token {first.token}) until "
+                f"{stamp(first.end)}, {later.owner} (token {later.token}) from "
+                f"{stamp(later.start)}"
+            )
+        entries = first.calls + ([] if first is later else later.calls)
+        for entry in sorted(entries, key=lambda e: e["sent"]):
             print(describe(entry))
-        low, high = first.calls[0]["sent"] - 4, later.start + 0.5
+        low, high = first.calls[0]["sent"] - 4, max(later.start, first.calls[-1]["back"]) + 0.5
         pids: set[int] = set()
         for row in audit:
             if row[3] == first.key and low <= row[0] <= high:
@@ -436,7 +448,7 @@ def main(argv: list[str]) -> int:
                 shutil.copy(server.log_path, options.keep / "postgres.log")
                 for path in workdir.glob("*.jsonl"):
                     shutil.copy(path, options.keep / path.name)
-    print(f"{options.runs} runs, {total} with an overlap")
+    print(f"{options.runs} runs, {total} with an overlap or a lease cut short")
     return 1 if total else 0
 
 
