@@ -132,15 +132,22 @@ async def worker(url: str, table: str, index: int, *, sticky: bool) -> list[dict
     from leasekit import LeaseError  # noqa: PLC0415
 
     calls: list[dict[str, Any]] = []
+    give_up = time.monotonic() + 30
     while True:  # the server may still be starting up after the last run's restart
         provider = PostgresLeaseProvider.from_url(url, table=table, timeout_s=TIMEOUT_S)
         try:
             await provider.__aenter__()
             break
         except LeaseError:
+            if time.monotonic() > give_up:
+                raise
             await asyncio.sleep(0.1)
     print("ready", flush=True)
-    until = float(await asyncio.to_thread(sys.stdin.readline))
+    told = await asyncio.to_thread(sys.stdin.readline)
+    if not told:  # the driver is gone
+        await provider.aclose()
+        return calls
+    until = float(told)
     try:
         await asyncio.gather(
             *(
