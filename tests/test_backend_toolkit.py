@@ -490,6 +490,41 @@ async def test_a_detached_call_that_ignores_cancellation_is_abandoned_at_the_dea
     assert unwound.is_set()
 
 
+async def test_a_detached_call_waits_for_the_abandoned_calls_on_its_key() -> None:
+    # An abandoned call may still reach the store (a frozen server runs it on waking):
+    # a later call on the same key is sent only once it has settled, within its own
+    # deadline; calls on other keys do not wait.
+    provider = GateProvider(Gate(), timeout_s=0.2)
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def stubborn(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()
+            order.append(name)
+            raise
+
+    async def quick(name: str) -> str:
+        order.append(name)
+        return name
+
+    with pytest.raises(LeaseBackendTimeout):
+        await provider._call_detached(stubborn("abandoned k"), "k")
+    assert await provider._call_detached(quick("other key"), "j") == "other key"
+    with pytest.raises(LeaseBackendTimeout):
+        await provider._call_detached(quick("k, too early"), "k")  # never sent
+    later = asyncio.ensure_future(provider._call_detached(quick("k, later"), "k"))
+    await asyncio.sleep(0.05)
+    assert not later.done()
+    release.set()
+    assert await later == "k, later"
+    assert order == ["other key", "abandoned k", "k, later"]
+    assert provider._unsettled == {}
+    await provider.aclose()
+
+
 async def test_a_detached_call_handles_the_failures_of_its_own_futures() -> None:
     async def driver() -> str:
         inner = asyncio.get_running_loop().create_future()

@@ -15,6 +15,7 @@ import asyncio
 import datetime
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -982,6 +983,64 @@ async def test_a_paused_server_is_a_backend_error_within_the_timeout_then_recove
         # The transfer may or may not have run once the server woke; either is fine.
         assert await provider.get_lease_owner("k") in ("a", "b")
         await exercise_every_operation(provider, "after-pause")
+
+
+async def test_a_release_abandoned_at_the_timeout_never_ends_a_lease_granted_after_it(
+    private_postgres_server: PostgresServer,
+) -> None:
+    # Issue 22, item 3. A release sent to a frozen backend is abandoned at timeout_s and
+    # runs when the backend wakes. The caller, told only "timed out", acquires again on
+    # another connection. Had that acquire been answered "acquired" (and a renew True)
+    # before the old release ran, the old release would end the new lease, keyed as it
+    # is by owner, and a rival would take the key while the caller believes it holds it.
+    # Calls on one key from one provider are therefore sent in the order they were made:
+    # a later one waits (within its own timeout) for an abandoned one to settle.
+    server = private_postgres_server
+    url = with_query(server.url, pool_min_size="2", pool_max_size="2", timeout_s="0.5")
+    async with PostgresLeaseProvider.from_url(url) as provider:
+        pool = provider.client
+        assert isinstance(pool, AsyncConnectionPool)
+        first = await provider.acquire_lease("k", "x", LONG_MS)
+        assert first.acquired
+        async with pool.connection() as held:
+            async with pool.connection() as idle:
+                frozen_pid = (await (await idle.execute("SELECT pg_backend_pid()")).fetchone())[0]
+            # `idle` is back in the pool, the only connection there: the release takes it.
+            os.kill(frozen_pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(leasekit.LeaseBackendTimeout):
+                    await provider.release_lease("k", "x")
+            except BaseException:
+                os.kill(frozen_pid, signal.SIGCONT)
+                raise
+            assert held.info.backend_pid != frozen_pid
+        believed = False
+        try:
+            # The caller goes on: its release may or may not have happened.
+            again = await provider.acquire_lease("k", "x", LONG_MS)
+            believed = again.acquired and await provider.renew_lease("k", "x", LONG_MS)
+        except leasekit.LeaseBackendTimeout:
+            pass  # waited for the abandoned release, which the frozen backend holds up
+        finally:
+            os.kill(frozen_pid, signal.SIGCONT)
+
+        def release_ran() -> bool:
+            with admin(server.url) as conn:
+                row = conn.execute(
+                    "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (frozen_pid,)
+                ).fetchone()
+            return row is not None and row[0] == "idle" and "expires_at > " in row[1]
+
+        await eventually(release_ran, "the abandoned release to run")
+        if not believed:
+            believed = (await provider.acquire_lease("k", "x", LONG_MS)).acquired
+            believed = believed and await provider.renew_lease("k", "x", LONG_MS)
+        assert believed
+        # x believes it holds k for LONG_MS: on the server it does, and nobody else gets it.
+        assert await provider.get_lease_owner("k") == "x"
+        rival = await provider.acquire_lease("k", "y", LONG_MS)
+        assert not rival.acquired, rival
+        assert rival.owner == "x"
 
 
 async def test_a_restarted_server_keeps_leases_and_tokens_and_the_pool_recovers(

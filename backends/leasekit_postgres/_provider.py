@@ -12,7 +12,9 @@ options in ``_options``. Lifecycle, deadlines and error mapping are the toolkit'
 (``_call_detached``): psycopg answers a cancelled query by sending the server a cancel
 request and waiting for the query to end, which a frozen server draws out, so a late
 call is abandoned at ``timeout_s`` and finishes in the background, and ``aclose``
-drains it.
+drains it. Its statement may still run when a frozen server wakes, so the provider's
+later calls on the same key wait for it to settle first (issue 22: a release given up
+on must not end the lease its owner acquired next).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ reply parsing and capabilities. What it gets:
   the class's :attr:`~BackendProvider.errors` table.
 - :meth:`~BackendProvider._call_detached` for drivers that cannot be cancelled
   promptly: the call runs in the caller's task (no task or loop iteration of its own)
-  and is abandoned at the deadline, to unwind in the background.
+  and is abandoned at the deadline, to unwind in the background. Detached calls on
+  one key are sent in the order they were made: a call waits (within its own
+  deadline) for the abandoned calls on its key to settle first.
 - :meth:`~BackendProvider._spawn` for background work (a sweep, a revoke) that
   ``aclose`` drains within ``timeout_s``.
 - a ``repr`` built from :meth:`~BackendProvider._describe`, which must hold no secret
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -112,6 +115,9 @@ class BackendProvider:
         self._drained: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._abandoned: set[asyncio.Future[Any]] = set()
+        # The abandoned detached calls by key, while they unwind: a later call on the
+        # key waits for them (see _call_detached).
+        self._unsettled: dict[str, set[asyncio.Future[Any]]] = {}
         # The loop the client's connections belong to (None until first used).
         self._loop: asyncio.AbstractEventLoop | None = None
         on_fork_in_child(self)
@@ -253,6 +259,14 @@ class BackendProvider:
         within ``timeout_s``) and its outcome is discarded; the caller goes on at once.
         A failure or cancellation of a future the coroutine awaits, without its task
         being cancelled, is the coroutine's own business and is thrown into it.
+
+        An abandoned call may still reach the store after the caller went on: its
+        request sits in a frozen server's socket, and runs when the server wakes. So
+        a call on a ``key`` with abandoned calls still unwinding waits for them first,
+        within its own deadline, and the store sees one provider's calls on a key in
+        the order they were made. Without that, a release abandoned at the deadline
+        could run after the same owner's next acquire had been answered "acquired",
+        and end that newer lease (issue 22).
         """
         if self._closing:
             coroutine.close()
@@ -263,6 +277,10 @@ class BackendProvider:
             except BaseException:
                 coroutine.close()
                 raise
+        if self._unsettled and key is not None:
+            earlier = self._unsettled.get(key)
+            if earlier:
+                coroutine = _after(set(earlier), coroutine)
         deadlines = self._deadlines
         watch = deadlines.open()
         if watch is None:  # Python 3.10, or called outside a task
@@ -286,7 +304,7 @@ class BackendProvider:
                     raise
                 except asyncio.CancelledError as exc:
                     if watch.cancel_requested():
-                        self._abandon_coroutine(coroutine, context)
+                        self._abandon_coroutine(coroutine, context, key)
                         raise
                     step, argument = coroutine.throw, exc
                 except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
@@ -315,13 +333,13 @@ class BackendProvider:
         try:
             return await waiter
         except Overdue:
-            self._abandon(task)
+            self._abandon(task, key)
             raise self._timeout(key) from None
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
         except BaseException:
             if not task.done():
-                self._abandon(task)  # the caller was cancelled: so is the call
+                self._abandon(task, key)  # the caller was cancelled: so is the call
             raise
         finally:
             self._deadlines.close(watch)
@@ -330,21 +348,38 @@ class BackendProvider:
                 self._drained.set_result(None)
 
     def _abandon_coroutine(
-        self, coroutine: Coroutine[Any, Any, Any], context: contextvars.Context
+        self,
+        coroutine: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+        key: str | None = None,
     ) -> None:
         """Cancel a detached call in a task of its own (in its context); ``aclose`` waits."""
         loop = asyncio.get_running_loop()
         task = context.run(loop.create_task, _Thrown(coroutine, asyncio.CancelledError()).run())
-        self._abandoned.add(task)
-        task.add_done_callback(self._abandoned.discard)
-        task.add_done_callback(_consume_outcome)
+        self._abandon(task, key, cancel=False)
 
-    def _abandon(self, future: asyncio.Future[Any]) -> None:
-        """Cancel a call nobody waits for any more; ``aclose`` waits for it to settle."""
-        future.cancel()
+    def _abandon(
+        self, future: asyncio.Future[Any], key: str | None = None, *, cancel: bool = True
+    ) -> None:
+        """Cancel a call nobody waits for any more; ``aclose`` waits for it to settle.
+
+        Until it has, later detached calls on ``key`` wait for it.
+        """
+        if cancel:
+            future.cancel()
         self._abandoned.add(future)
         future.add_done_callback(self._abandoned.discard)
         future.add_done_callback(_consume_outcome)
+        if key is not None:
+            self._unsettled.setdefault(key, set()).add(future)
+            future.add_done_callback(functools.partial(self._settled, key))
+
+    def _settled(self, key: str, future: asyncio.Future[Any]) -> None:
+        unsettled = self._unsettled.get(key)
+        if unsettled is not None:
+            unsettled.discard(future)
+            if not unsettled:
+                del self._unsettled[key]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run background work that ``aclose`` drains (then cancels) within ``timeout_s``."""
@@ -480,6 +515,20 @@ async def _settle(coroutine: Coroutine[Any, Any, _T], waiter: asyncio.Future[_T]
     else:
         if not waiter.done():
             waiter.set_result(result)
+
+
+async def _after(earlier: set[asyncio.Future[Any]], coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coroutine`` once the ``earlier`` calls on its key have settled.
+
+    Cancelled while waiting (the caller's deadline), the coroutine is closed unstarted:
+    nothing of it was sent.
+    """
+    try:
+        await asyncio.wait(earlier)
+    except BaseException:
+        coroutine.close()
+        raise
+    return await coroutine
 
 
 def _consume_outcome(future: asyncio.Future[Any]) -> None:
