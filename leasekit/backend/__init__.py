@@ -25,6 +25,9 @@ capabilities. Everything else is here, once:
   :class:`SupportsSyncProvider`, :func:`sync_factory` and :class:`SyncDeadlines`: a
   native blocking provider for :mod:`leasekit.sync`, sharing the backend's statements,
   options and errors.
+- :meth:`BackendProvider.undo_grant` and the protocols :class:`SupportsUndoGrant` and
+  :class:`SupportsReleaseGrant`: a cancelled or timed-out acquire or transfer that
+  may have landed is released in the background, that grant and no later one.
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -60,6 +63,7 @@ from ._sync import (
     SyncProvider,
     sync_factory,
 )
+from ._undo import SupportsReleaseGrant, SupportsUndoGrant
 from ._urls import (
     Endpoint,
     Option,
@@ -90,11 +94,13 @@ __all__ = [
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
+    "SupportsReleaseGrant",
     "SupportsReleaseNotifications",
     "SupportsRemaining",
     "SupportsRenewMany",
     "SupportsSweep",
     "SupportsSyncProvider",
+    "SupportsUndoGrant",
     "SyncBackendProvider",
     "SyncDeadlines",
     "SyncProvider",

@@ -18,6 +18,11 @@ reply parsing and capabilities. What it gets:
   and is abandoned at the deadline, to unwind in the background.
 - :meth:`~BackendProvider._spawn` for background work (a sweep, a revoke) that
   ``aclose`` drains within ``timeout_s``.
+- the undo of a grant nobody learned of: a call that may grant ``key`` to an owner
+  (acquire, transfer) passes ``grant=owner`` to ``_call`` or ``_call_detached``, after
+  ``await self._after_undo(key, owner)`` when :attr:`_undos` is non-empty. If the
+  caller is cancelled, the grant is released in the background, once the call has
+  settled; :meth:`~BackendProvider.undo_grant` does the same for a timed-out call.
 - a ``repr`` built from :meth:`~BackendProvider._describe`, which must hold no secret
   (use :func:`~leasekit.backend.redact_url`).
 """
@@ -27,24 +32,33 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 from .._capabilities import Capabilities
-from .._errors import LeaseBackendTimeout, LeaseProviderClosed
+from .._contract import LeaseResult, validate_key, validate_owner
+from .._errors import LeaseBackendTimeout, LeaseError, LeaseProviderClosed
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap
+from ._undo import UNDOING
 
 __all__ = ["BackendProvider"]
 
 _T = TypeVar("_T")
 _P = TypeVar("_P", bound="BackendProvider")
 
+_log = logging.getLogger("leasekit")
+
 # aclose() gives background work and the client's own close at least this long, even
 # when operations in flight used up the whole timeout.
 _CLOSE_FLOOR_S = 0.2
+
+# How long after its first release an undo whose call's reply was never read releases
+# again, for a request that was still on its way to the store.
+_UNDO_SETTLE_S = 0.05
 
 
 class BackendProvider:
@@ -78,6 +92,11 @@ class BackendProvider:
         self._drained: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._abandoned: set[asyncio.Future[Any]] = set()
+        # (key, owner) -> the undo of a grant of key to owner that its caller never
+        # learned of; a new grant of the same (key, owner) waits for it (_after_undo).
+        self._undos: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # (key, owner) -> a timed-out grant call still unwinding, for undo_grant.
+        self._unsettled: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     # -- what subclasses override ---------------------------------------------------------
 
@@ -103,7 +122,7 @@ class BackendProvider:
         return self._closing
 
     def _refuse_if_closed(self) -> None:
-        if self._closing:
+        if self._closing and not UNDOING.get():
             raise LeaseProviderClosed(backend=self.backend)
 
     def _timeout(self, key: str | None) -> LeaseBackendTimeout:
@@ -111,15 +130,18 @@ class BackendProvider:
             f"no answer within {self.timeout_s:g} s{self._where()}", backend=self.backend, key=key
         )
 
-    async def _call(self, awaitable: Awaitable[_T], key: str | None = None) -> _T:
+    async def _call(
+        self, awaitable: Awaitable[_T], key: str | None = None, grant: str | None = None
+    ) -> _T:
         """Await one driver call: refused once closed, bounded by ``timeout_s``, errors mapped.
 
         The deadline cancels the call (the driver must unwind promptly when cancelled)
         and raises :class:`~leasekit.LeaseBackendTimeout`; a cancellation from
         elsewhere propagates unchanged. Driver errors become leasekit's through
-        :attr:`errors`, with the driver's exception chained.
+        :attr:`errors`, with the driver's exception chained. ``grant``: the owner the
+        call may grant ``key`` to; cancelled, the call is undone (:meth:`_start_undo`).
         """
-        if self._closing:
+        if self._closing and not UNDOING.get():
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: no "was never awaited" warning
             raise LeaseProviderClosed(backend=self.backend)
@@ -133,6 +155,8 @@ class BackendProvider:
         except asyncio.CancelledError:
             if deadlines.close(watch):
                 raise self._timeout(key) from None
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, None)
             raise
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
@@ -143,8 +167,8 @@ class BackendProvider:
                 self._drained.set_result(None)
 
     @types.coroutine
-    def _call_detached(  # noqa: PLR0912 (one frame per call: this is every call's hot path)
-        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None
+    def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: this is every call's hot path)
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None, grant: str | None = None
     ) -> Generator[Any, Any, _T]:
         """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
 
@@ -158,15 +182,19 @@ class BackendProvider:
         within ``timeout_s``) and its outcome is discarded; the caller goes on at once.
         A failure or cancellation of a future the coroutine awaits, without its task
         being cancelled, is the coroutine's own business and is thrown into it.
+        ``grant``: as for :meth:`_call`; a grant call whose reply had already arrived
+        when its caller was cancelled is resumed rather than cancelled, so the undo
+        knows what it granted.
         """
-        if self._closing:
+        if self._closing and not UNDOING.get():
             coroutine.close()
             raise LeaseProviderClosed(backend=self.backend)
         deadlines = self._deadlines
         watch = deadlines.open()
         if watch is None:  # Python 3.10, or called outside a task
-            return (yield from self._call_in_task(coroutine, key).__await__())
+            return (yield from self._call_in_task(coroutine, key, grant).__await__())
         self._inflight += 1
+        abandoned: asyncio.Future[Any] | None = None
         try:
             context = contextvars.copy_context()
             run = context.run
@@ -185,7 +213,9 @@ class BackendProvider:
                     raise
                 except asyncio.CancelledError as exc:
                     if watch.cancel_requested():
-                        self._abandon_coroutine(coroutine, context)
+                        abandoned = self._abandon_coroutine(
+                            coroutine, context, resume=grant is not None and _answered(yielded)
+                        )
                         raise
                     step, argument = coroutine.throw, exc
                 except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
@@ -194,7 +224,11 @@ class BackendProvider:
                     step = send
         except asyncio.CancelledError:
             if deadlines.close(watch):
+                if grant is not None and key is not None and abandoned is not None:
+                    self._keep_unsettled(key, grant, abandoned)
                 raise self._timeout(key) from None
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, abandoned)
             raise
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
@@ -204,7 +238,9 @@ class BackendProvider:
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
-    async def _call_in_task(self, coroutine: Coroutine[Any, Any, _T], key: str | None) -> _T:
+    async def _call_in_task(
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None, grant: str | None = None
+    ) -> _T:
         """:meth:`_call_detached` where a task's own deadline cannot be used: a task per call."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[_T] = loop.create_future()
@@ -215,12 +251,16 @@ class BackendProvider:
             return await waiter
         except Overdue:
             self._abandon(task)
+            if grant is not None and key is not None:
+                self._keep_unsettled(key, grant, task)
             raise self._timeout(key) from None
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
         except BaseException:
             if not task.done():
                 self._abandon(task)  # the caller was cancelled: so is the call
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, task)
             raise
         finally:
             self._deadlines.close(watch)
@@ -229,14 +269,23 @@ class BackendProvider:
                 self._drained.set_result(None)
 
     def _abandon_coroutine(
-        self, coroutine: Coroutine[Any, Any, Any], context: contextvars.Context
-    ) -> None:
-        """Cancel a detached call in a task of its own (in its context); ``aclose`` waits."""
+        self,
+        coroutine: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+        *,
+        resume: bool = False,
+    ) -> asyncio.Task[Any]:
+        """Cancel a detached call in a task of its own (in its context); ``aclose`` waits.
+
+        With ``resume``, the call goes on instead, its awaited reply handed to it.
+        """
         loop = asyncio.get_running_loop()
-        task = context.run(loop.create_task, _Thrown(coroutine, asyncio.CancelledError()).run())
+        thrown = _Thrown(coroutine, None if resume else asyncio.CancelledError())
+        task = context.run(loop.create_task, thrown.run())
         self._abandoned.add(task)
         task.add_done_callback(self._abandoned.discard)
         task.add_done_callback(_consume_outcome)
+        return task
 
     def _abandon(self, future: asyncio.Future[Any]) -> None:
         """Cancel a call nobody waits for any more; ``aclose`` waits for it to settle."""
@@ -252,6 +301,93 @@ class BackendProvider:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_consume_outcome)
         return task
+
+    # -- undoing a grant nobody learned of ------------------------------------------------
+
+    async def _after_undo(self, key: str, owner: str) -> None:
+        """Wait for a pending undo of a grant of ``key`` to ``owner`` (bounded by its own).
+
+        A backend awaits this before it sends a new grant of ``(key, owner)`` (when
+        :attr:`_undos` is non-empty): so an undo can never release a grant made after
+        the one it undoes, not even an idempotent re-acquire that kept the token.
+        """
+        pending = self._undos.get((key, owner))
+        if pending is not None:
+            await asyncio.wait((pending,))
+
+    def undo_grant(self, key: str, owner: str) -> None:
+        """Release, in the background, the grant of ``key`` to ``owner`` if one landed.
+
+        For an acquire or transfer whose outcome is unknown to its caller (it raised
+        :class:`~leasekit.LeaseBackendTimeout`) and that the caller gives up on;
+        :func:`leasekit.hold` calls it then. A cancelled call is undone without being
+        asked. The release waits for the timed-out call to settle, is bounded by
+        ``timeout_s``, and holds back this provider's next grant of ``(key, owner)``
+        until it is done; :meth:`aclose` waits for it.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        self._start_undo(key, owner, self._unsettled.get((key, owner)))
+
+    def _keep_unsettled(self, key: str, owner: str, call: asyncio.Future[Any]) -> None:
+        """Remember a timed-out grant call still unwinding, so an undo can wait for it."""
+        slot = (key, owner)
+        self._unsettled[slot] = call
+
+        def forget(_: object) -> None:
+            if self._unsettled.get(slot) is call:
+                del self._unsettled[slot]
+
+        call.add_done_callback(forget)
+
+    def _start_undo(self, key: str, owner: str, call: asyncio.Future[Any] | None) -> None:
+        """Undo, in the background, what the interrupted grant ``call`` may have granted."""
+        slot = (key, owner)
+        context = contextvars.copy_context()
+        context.run(UNDOING.set, True)
+        undo = self._undo(key, owner, call, self._undos.get(slot))
+        task: asyncio.Task[None] = context.run(self._spawn, undo)
+        self._undos[slot] = task
+
+        def forget(_: object) -> None:
+            if self._undos.get(slot) is task:
+                del self._undos[slot]
+
+        task.add_done_callback(forget)
+
+    async def _undo(
+        self,
+        key: str,
+        owner: str,
+        call: asyncio.Future[Any] | None,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        # After the call has settled (its request can no longer land later) and after
+        # an earlier undo of the same grant, each within timeout_s.
+        for waited in (previous, call):
+            if waited is not None and not waited.done():
+                await asyncio.wait((waited,), timeout=self.timeout_s)
+        granted, token = _granted(call)
+        if not granted:
+            return
+        release_grant = getattr(self, "release_grant", None)
+        try:
+            if token is not None and callable(release_grant):
+                await release_grant(key, owner, token)
+                return
+            # The request may still be on its way (written to a socket the driver then
+            # closed, queued on a server thread): release once more after it had time
+            # to land. Exact all the same: no new grant of (key, owner) is sent meanwhile.
+            await self.release_lease(key, owner)  # type: ignore[attr-defined]
+            await asyncio.sleep(_UNDO_SETTLE_S)
+            await self.release_lease(key, owner)  # type: ignore[attr-defined]
+        except LeaseError as exc:
+            _log.warning(
+                "undoing a cancelled grant of %r to %r failed (%s); it expires after its TTL",
+                key,
+                owner,
+                exc,
+            )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -335,7 +471,7 @@ class _Thrown:
 
     __slots__ = ("_coroutine", "_exc")
 
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], exc: BaseException) -> None:
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], exc: BaseException | None) -> None:
         self._coroutine = coroutine
         self._exc = exc
 
@@ -345,7 +481,8 @@ class _Thrown:
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coroutine = self._coroutine
-        step: Callable[[Any], Any] = coroutine.throw
+        # No exception: resumed with the reply it awaited, which has arrived.
+        step: Callable[[Any], Any] = coroutine.send if self._exc is None else coroutine.throw
         argument: Any = self._exc
         while True:
             try:
@@ -377,6 +514,21 @@ async def _settle(coroutine: Coroutine[Any, Any, _T], waiter: asyncio.Future[_T]
     else:
         if not waiter.done():
             waiter.set_result(result)
+
+
+def _answered(yielded: object) -> bool:
+    """Whether a suspended call's awaited future holds its reply (so it can go on)."""
+    return isinstance(yielded, asyncio.Future) and yielded.done() and not yielded.cancelled()
+
+
+def _granted(call: asyncio.Future[Any] | None) -> tuple[bool, int | None]:
+    """Whether an interrupted grant call may have granted, and its token if known."""
+    if call is None or not call.done() or call.cancelled() or call.exception() is not None:
+        return True, None  # unknown: assume it landed
+    result = call.result()
+    if isinstance(result, LeaseResult):
+        return result.acquired, result.token
+    return result is not False, None
 
 
 def _consume_outcome(future: asyncio.Future[Any]) -> None:
