@@ -223,10 +223,15 @@ class MySQLLeaseProvider(BackendProvider):
     # -- connections: check out, run, retry, check in ----------------------------------
 
     async def _run(
-        self, op: _Operation[_T], key: str | None = None, *, idempotent: bool = True
+        self,
+        op: _Operation[_T],
+        key: str | None = None,
+        *,
+        idempotent: bool = True,
+        grant: str | None = None,
     ) -> _T:
         """One bounded call (the toolkit's deadline) of ``op`` on a ready connection."""
-        return await self._call(self._use(op, key, idempotent=idempotent), key)
+        return await self._call(self._use(op, key, idempotent=idempotent), key, grant)
 
     async def _use(
         self, op: _Operation[_T], key: str | None, *, idempotent: bool = True, ready: bool = True
@@ -352,8 +357,12 @@ class MySQLLeaseProvider(BackendProvider):
 
     # -- the contract -------------------------------------------------------------------
 
-    async def _write(self, op: _Operation[_T], key: str, *, idempotent: bool = True) -> _T:
-        result = await self._run(op, key, idempotent=idempotent)
+    async def _write(
+        self, op: _Operation[_T], key: str, *, idempotent: bool = True, grant: str | None = None
+    ) -> _T:
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        result = await self._run(op, key, idempotent=idempotent, grant=grant)
         if self.sweep_every and not self._sweeping:
             self._writes += 1
             if self._writes >= self.sweep_every:
@@ -385,7 +394,7 @@ class MySQLLeaseProvider(BackendProvider):
                 # Released, expired or handed to us since it denied us: acquire again.
             return LeaseResult(False, None, None)
 
-        return await self._write(op, key)
+        return await self._write(op, key, grant=owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
@@ -417,7 +426,8 @@ class MySQLLeaseProvider(BackendProvider):
         # Not retried on a lost connection: a transfer that ran before the connection
         # died would report False the second time.
         op = self._rowcount("transfer", params)
-        return await self._write(op, key, idempotent=False) == 1
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        return await self._write(op, key, idempotent=False, grant=grant) == 1
 
     def _scalar(self, statement: str, params: dict[str, Any] | None) -> _Operation[Any]:
         """``statement``'s first column of its first row, or None without a row."""
