@@ -38,6 +38,7 @@ pytest.register_assert_rewrite(
         for module in (
             "_base",
             "_batch",
+            "_cancellation",
             "_concurrency",
             "_expiry",
             "_fencing",

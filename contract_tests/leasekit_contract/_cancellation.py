@@ -1,0 +1,152 @@
+"""Cancellation: a caller cancelled mid-acquire, mid-``hold()``, leaves no key held.
+
+A client disconnects, a ``TaskGroup`` fails, a request timeout fires: the task is
+cancelled 0-4 ms into ``acquire_lease``, into entering ``hold()`` or into leaving it.
+Afterwards no key may be held by an owner that never got ``acquired=True`` back (nor
+by a holder whose block was left): a grant that landed after its caller stopped
+listening is undone in the background. The undo is given the provider's
+``timeout_s`` (5 s for a provider without one) to land; every key is read from the
+store, nothing is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+import leasekit
+from leasekit import LeaseProvider
+
+from ._base import ContractBase, KeySpace, Timing
+
+_MAX_DELAY_S = 0.004
+_CANCELS = [60, pytest.param(300, marks=pytest.mark.slow)]
+
+
+def _patience_s(provider: object) -> float:
+    timeout_s = getattr(provider, "timeout_s", None)
+    return (timeout_s if isinstance(timeout_s, (int, float)) else 5.0) + 1.0
+
+
+async def _cancel_at_random(work: Callable[[], Awaitable[object]], rng: random.Random) -> bool:
+    """Run ``work`` in a task cancelled 0-4 ms in; True if the cancel interrupted it."""
+    task = asyncio.ensure_future(work())
+    await asyncio.sleep(rng.uniform(0, _MAX_DELAY_S))
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return True
+    return False
+
+
+async def _stranded(provider: LeaseProvider, held: dict[str, str]) -> dict[str, str]:
+    """Keys still held by the owner named in ``held``, once undos had time to land."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _patience_s(provider)
+    while True:
+        owners = await asyncio.gather(*(provider.get_lease_owner(key) for key in held))
+        left = {
+            key: owner
+            for (key, owner), now in zip(held.items(), owners, strict=True)
+            if now == owner
+        }
+        if not left or loop.time() >= deadline:
+            return left
+        await asyncio.sleep(0.05)
+
+
+class CancellationChecks(ContractBase):
+    """Cancels at random points leave no key held by an owner that was not told it holds it."""
+
+    @pytest.fixture(autouse=True)
+    def _only_asyncio(self, anyio_backend: str) -> None:
+        if anyio_backend != "asyncio":
+            pytest.skip("cancelling at random points uses asyncio tasks")
+
+    @pytest.mark.parametrize("cancels", _CANCELS)
+    async def test_a_cancelled_acquire_strands_no_key(
+        self, provider: LeaseProvider, cancels: int
+    ) -> None:
+        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        suspects: dict[str, str] = {}
+        for i in range(cancels):
+            key, owner = keys(f"acquire-{i}"), f"owner-{i}"
+            answers: list[leasekit.LeaseResult] = []
+
+            async def acquire(
+                key: str = key, owner: str = owner, out: list[leasekit.LeaseResult] = answers
+            ) -> None:
+                out.append(await provider.acquire_lease(key, owner, t.long_ttl_ms))
+
+            if await _cancel_at_random(acquire, rng):
+                suspects[key] = owner
+            elif answers and answers[0].acquired:
+                await provider.release_lease(key, owner)
+        stranded = await _stranded(provider, suspects)
+        assert not stranded, (
+            f"{len(stranded)} of {len(suspects)} cancelled acquires left their key held "
+            f"by an owner that never got acquired=True: {sorted(stranded)[:5]}"
+        )
+
+    @pytest.mark.parametrize("cancels", _CANCELS)
+    async def test_a_hold_cancelled_while_entering_strands_no_key(
+        self, provider: LeaseProvider, cancels: int
+    ) -> None:
+        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        everyone: dict[str, str] = {}
+        for i in range(cancels):
+            key, owner = keys(f"enter-{i}"), f"owner-{i}"
+            everyone[key] = owner
+
+            async def enter(key: str = key, owner: str = owner) -> None:
+                async with leasekit.hold(provider, key, owner, t.long_ttl_ms):
+                    await asyncio.sleep(3600)  # held until cancelled
+
+            await _cancel_at_random(enter, rng)
+        stranded = await _stranded(provider, everyone)
+        assert not stranded, (
+            f"{len(stranded)} of {cancels} holds cancelled while entering left their key "
+            f"held: {sorted(stranded)[:5]}"
+        )
+
+    @pytest.mark.parametrize("cancels", _CANCELS)
+    async def test_a_hold_cancelled_while_leaving_strands_no_key(
+        self, provider: LeaseProvider, cancels: int
+    ) -> None:
+        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        everyone: dict[str, str] = {}
+        for i in range(cancels):
+            key, owner = keys(f"leave-{i}"), f"owner-{i}"
+            everyone[key] = owner
+            entered = asyncio.Event()
+            leave = asyncio.Event()
+
+            async def held(
+                key: str = key,
+                owner: str = owner,
+                entered: asyncio.Event = entered,
+                leave: asyncio.Event = leave,
+            ) -> None:
+                async with leasekit.hold(provider, key, owner, t.long_ttl_ms):
+                    entered.set()
+                    await leave.wait()
+
+            task = asyncio.ensure_future(held())
+            waiting = asyncio.ensure_future(entered.wait())
+            await asyncio.wait((task, waiting), return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            leave.set()  # the block ends now; the cancel falls into leaving it
+            await asyncio.sleep(rng.uniform(0, _MAX_DELAY_S))
+            task.cancel()
+            await asyncio.wait((task,))
+            if not task.cancelled():
+                task.exception()
+        stranded = await _stranded(provider, everyone)
+        assert not stranded, (
+            f"{len(stranded)} of {cancels} holds cancelled while leaving left their key "
+            f"held: {sorted(stranded)[:5]}"
+        )
