@@ -24,6 +24,8 @@ from ._base import ContractBase, KeySpace, Timing
 
 _MAX_DELAY_S = 0.004
 _CANCELS = [60, pytest.param(300, marks=pytest.mark.slow)]
+_AGAIN = 40
+_LATE_UNDO_S = 0.3
 
 
 def _patience_s(provider: object) -> float:
@@ -91,6 +93,32 @@ class CancellationChecks(ContractBase):
             f"{len(stranded)} of {len(suspects)} cancelled acquires left their key held "
             f"by an owner that never got acquired=True: {sorted(stranded)[:5]}"
         )
+
+    async def test_a_grant_after_a_cancelled_acquire_is_never_undone(
+        self, provider: LeaseProvider
+    ) -> None:
+        """The undo of a cancelled acquire never releases the same owner's next grant.
+
+        The owner acquires again at once, and is told it holds the key; an idempotent
+        re-acquire keeps the token, so only the order of the two can tell them apart.
+        """
+        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(7)
+
+        async def cancel_then_acquire(i: int) -> tuple[str, str, leasekit.LeaseResult]:
+            key, owner = keys(f"again-{i}"), f"owner-{i}"
+            await _cancel_at_random(lambda: provider.acquire_lease(key, owner, t.long_ttl_ms), rng)
+            return key, owner, await provider.acquire_lease(key, owner, t.long_ttl_ms)
+
+        answers = await asyncio.gather(*(cancel_then_acquire(i) for i in range(_AGAIN)))
+        assert all(result.acquired for _, _, result in answers), answers
+        await asyncio.sleep(_LATE_UNDO_S)  # an undo wrongly left behind would land by now
+        owners = await asyncio.gather(*(provider.get_lease_owner(key) for key, _, _ in answers))
+        released = [
+            key for (key, owner, _), now in zip(answers, owners, strict=True) if now != owner
+        ]
+        assert not released, f"granted after a cancelled acquire, then released: {released[:5]}"
+        for key, owner, _ in answers:
+            await provider.release_lease(key, owner)
 
     @pytest.mark.parametrize("cancels", _CANCELS)
     async def test_a_hold_cancelled_while_entering_strands_no_key(
