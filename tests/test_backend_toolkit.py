@@ -845,3 +845,22 @@ async def test_hold_undoes_a_timed_out_acquire() -> None:
                 pytest.fail("the body must not run")
         await _undos_done(provider)
         assert provider.leases == {}
+
+
+async def test_a_cancellation_the_driver_swallowed_is_raised_and_its_grant_undone() -> None:
+    # As Python 3.11's asyncio.wait_for does when a result races the cancellation.
+    class SwallowingProvider(LostReplyProvider):
+        async def _acquire(self, key: str, owner: str) -> LeaseResult:
+            result = self._grant(key, owner)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+            return result
+
+    async with SwallowingProvider() as provider:
+        task = asyncio.ensure_future(provider.acquire_lease("k", "a", 1000))
+        await provider.granted.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _undos_done(provider)
+        assert provider.leases == {}

@@ -36,7 +36,7 @@ import logging
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .._capabilities import Capabilities
 from .._contract import LeaseResult, validate_key, validate_owner
@@ -151,7 +151,7 @@ class BackendProvider:
         try:
             if watch is None:  # Python 3.10, or called outside a task
                 return await asyncio.wait_for(awaitable, self.timeout_s)
-            return await awaitable
+            result = await awaitable
         except asyncio.CancelledError:
             if deadlines.close(watch):
                 raise self._timeout(key) from None
@@ -165,6 +165,9 @@ class BackendProvider:
             self._inflight -= 1
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
+        if watch.task.cancelling() > watch.cancelling:  # type: ignore[union-attr]
+            self._swallowed(key, grant, result)
+        return result
 
     @types.coroutine
     def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: this is every call's hot path)
@@ -301,6 +304,20 @@ class BackendProvider:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_consume_outcome)
         return task
+
+    def _swallowed(self, key: str | None, grant: str | None, result: object) -> NoReturn:
+        """Raise the cancellation a driver swallowed (undoing the grant it answered).
+
+        The driver answered although the caller's task was cancelled meanwhile (Python
+        3.11's ``asyncio.wait_for``, which drivers use to connect, drops a cancellation
+        that races its result): the caller must still be cancelled, and what the call
+        granted is undone, by its token where the backend can.
+        """
+        if grant is not None and key is not None:
+            answered = asyncio.get_running_loop().create_future()
+            answered.set_result(result)
+            self._start_undo(key, grant, answered)
+        raise asyncio.CancelledError
 
     # -- undoing a grant nobody learned of ------------------------------------------------
 
