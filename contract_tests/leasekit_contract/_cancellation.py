@@ -33,11 +33,17 @@ def _patience_s(provider: object) -> float:
     return (timeout_s if isinstance(timeout_s, (int, float)) else 5.0) + 1.0
 
 
-async def _cancel_at_random(work: Callable[[], Awaitable[object]], rng: random.Random) -> bool:
+async def _cancel_at_random(
+    provider: LeaseProvider, work: Callable[[], Awaitable[object]], rng: random.Random
+) -> bool:
     """Run ``work`` in a task cancelled 0-4 ms in; True if the cancel interrupted it."""
     task = asyncio.ensure_future(work())
     await asyncio.sleep(rng.uniform(0, _MAX_DELAY_S))
     task.cancel()
+    if not (await asyncio.wait((task,), timeout=_patience_s(provider)))[0]:
+        task.cancel()
+        await asyncio.wait((task,))
+        pytest.fail(f"the cancellation of a task was swallowed: it ran on ({task!r})")
     try:
         await task
     except asyncio.CancelledError:
@@ -84,7 +90,7 @@ class CancellationChecks(ContractBase):
             ) -> None:
                 out.append(await provider.acquire_lease(key, owner, t.long_ttl_ms))
 
-            if await _cancel_at_random(acquire, rng):
+            if await _cancel_at_random(provider, acquire, rng):
                 suspects[key] = owner
             elif answers and answers[0].acquired:
                 await provider.release_lease(key, owner)
@@ -106,7 +112,9 @@ class CancellationChecks(ContractBase):
 
         async def cancel_then_acquire(i: int) -> tuple[str, str, leasekit.LeaseResult]:
             key, owner = keys(f"again-{i}"), f"owner-{i}"
-            await _cancel_at_random(lambda: provider.acquire_lease(key, owner, t.long_ttl_ms), rng)
+            await _cancel_at_random(
+                provider, lambda: provider.acquire_lease(key, owner, t.long_ttl_ms), rng
+            )
             return key, owner, await provider.acquire_lease(key, owner, t.long_ttl_ms)
 
         answers = await asyncio.gather(*(cancel_then_acquire(i) for i in range(_AGAIN)))
@@ -134,7 +142,7 @@ class CancellationChecks(ContractBase):
                 async with leasekit.hold(provider, key, owner, t.long_ttl_ms):
                     await asyncio.sleep(3600)  # held until cancelled
 
-            await _cancel_at_random(enter, rng)
+            await _cancel_at_random(provider, enter, rng)
         stranded = await _stranded(provider, everyone)
         assert not stranded, (
             f"{len(stranded)} of {cancels} holds cancelled while entering left their key "
