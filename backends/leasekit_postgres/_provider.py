@@ -429,6 +429,20 @@ class PostgresLeaseProvider(BackendProvider):
             self._attempt(_calls.release, (self._sql, key, owner, self._channel), True), key
         )
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        What the toolkit undoes a cancelled grant with when it read the grant's reply.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        await self._call_detached(
+            self._attempt(
+                _calls.release_grant, (self._sql, key, owner, token, self._channel), True
+            ),
+            key,
+        )
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)

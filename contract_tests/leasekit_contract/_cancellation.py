@@ -19,6 +19,7 @@ import pytest
 
 import leasekit
 from leasekit import LeaseProvider
+from leasekit.backend import SupportsReleaseGrant, supports
 
 from ._base import ContractBase, KeySpace, Timing
 
@@ -127,6 +128,30 @@ class CancellationChecks(ContractBase):
         assert not released, f"granted after a cancelled acquire, then released: {released[:5]}"
         for key, owner, _ in answers:
             await provider.release_lease(key, owner)
+
+    async def test_release_grant_releases_only_the_grant_with_that_token(
+        self, provider: LeaseProvider
+    ) -> None:
+        """``release_grant(key, owner, token)``, where offered: that grant, nothing else."""
+        if not supports(provider, SupportsReleaseGrant):
+            pytest.skip("the backend does not offer release_grant (SupportsReleaseGrant)")
+        t, keys = Timing.of(provider), KeySpace()
+        key = keys("by-token")
+        release_grant = provider.release_grant  # type: ignore[attr-defined]
+        granted = await provider.acquire_lease(key, "a", t.long_ttl_ms)
+        assert granted.acquired
+        if granted.token is None:
+            pytest.skip("release_grant names a grant by its fencing token; this backend has none")
+        await release_grant(key, "a", granted.token + 1)  # a later grant's token
+        await release_grant(key, "b", granted.token)  # someone else
+        assert await provider.get_lease_owner(key) == "a"
+        await release_grant(key, "a", granted.token)
+        assert await provider.get_lease_owner(key) is None
+        again = await provider.acquire_lease(key, "a", t.long_ttl_ms)
+        assert again.acquired
+        await release_grant(key, "a", granted.token)  # the earlier grant: gone already
+        assert await provider.get_lease_owner(key) == "a"
+        await provider.release_lease(key, "a")
 
     @pytest.mark.parametrize("cancels", _CANCELS)
     async def test_a_hold_cancelled_while_entering_strands_no_key(
