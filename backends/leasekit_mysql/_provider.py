@@ -409,6 +409,16 @@ class MySQLLeaseProvider(BackendProvider):
         params = {"key": key.encode(), "owner": owner.encode()}
         await self._write(self._rowcount("release", params), key)
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        What the toolkit undoes a cancelled grant with when it read the grant's reply.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        params = {"key": key.encode(), "owner": owner.encode(), "token": token}
+        await self._write(self._rowcount("release_grant", params), key)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
