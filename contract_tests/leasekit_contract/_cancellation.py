@@ -24,7 +24,8 @@ from leasekit.backend import SupportsReleaseGrant, supports
 from ._base import ContractBase, KeySpace, Timing
 
 _MAX_DELAY_S = 0.004
-_CANCELS = [60, pytest.param(300, marks=pytest.mark.slow)]
+_FEW = 60
+_CANCELS = [_FEW, pytest.param(300, marks=pytest.mark.slow)]
 _AGAIN = 40
 _LATE_UNDO_S = 0.3
 
@@ -99,6 +100,35 @@ class CancellationChecks(ContractBase):
         assert not stranded, (
             f"{len(stranded)} of {len(suspects)} cancelled acquires left their key held "
             f"by an owner that never got acquired=True: {sorted(stranded)[:5]}"
+        )
+
+    async def test_a_cancelled_transfer_strands_no_key(self, provider: LeaseProvider) -> None:
+        """A transfer cancelled mid-flight leaves the key with its holder, or free.
+
+        Never with the new owner, who was not told: a transfer that landed is undone.
+        """
+        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(11)
+        suspects: dict[str, str] = {}
+        for i in range(_FEW):
+            key, holder, successor = keys(f"transfer-{i}"), f"holder-{i}", f"successor-{i}"
+            assert (await provider.acquire_lease(key, holder, t.long_ttl_ms)).acquired
+            moved: list[bool] = []
+
+            async def transfer(
+                key: str = key,
+                holder: str = holder,
+                successor: str = successor,
+                out: list[bool] = moved,
+            ) -> None:
+                out.append(await provider.transfer_lease(key, holder, successor, t.long_ttl_ms))
+
+            if await _cancel_at_random(provider, transfer, rng):
+                suspects[key] = successor
+            await provider.release_lease(key, successor if moved and moved[0] else holder)
+        stranded = await _stranded(provider, suspects)
+        assert not stranded, (
+            f"{len(stranded)} of {len(suspects)} cancelled transfers left their key held "
+            f"by a successor that was never told: {sorted(stranded)[:5]}"
         )
 
     async def test_a_grant_after_a_cancelled_acquire_is_never_undone(
