@@ -456,6 +456,10 @@ class SQLiteLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._run(_work.release(key, owner), key, write=True)
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
+        await self._run(_work.release_grant(key, owner, token), key, write=True)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._run(_work.renew(key, owner, ttl_ms), key, write=True)
 
