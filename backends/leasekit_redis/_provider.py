@@ -293,6 +293,12 @@ class RedisLeaseProvider(BackendProvider):
         self._refuse_if_closed()
         await self._call(self._submit(call.evalsha(), call, key), key)
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
+        call = _ops.release_grant(self._prefix, key, owner, token, publish=self._publish)
+        self._refuse_if_closed()
+        await self._call(self._submit(call.evalsha(), call, key), key)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         call = _ops.renew(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
         self._refuse_if_closed()
