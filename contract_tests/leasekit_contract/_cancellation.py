@@ -35,12 +35,39 @@ def _patience_s(provider: object) -> float:
     return (timeout_s if isinstance(timeout_s, (int, float)) else 5.0) + 1.0
 
 
+class _Delays:
+    """Random delays of 0-4 ms, over at most twice an acquire's time on this provider.
+
+    A store that answers in 0.3 ms would see most 0-4 ms cancels arrive after the call
+    had ended; spread over the call's own time, most fall inside it.
+    """
+
+    def __init__(self, seed: int, span_s: float) -> None:
+        self._rng = random.Random(seed)
+        self.span_s = span_s
+
+    @classmethod
+    async def of(cls, provider: LeaseProvider, seed: int) -> _Delays:
+        t, keys = Timing.of(provider), KeySpace()
+        loop = asyncio.get_running_loop()
+        took: list[float] = []
+        for i in range(5):
+            start = loop.time()
+            await provider.acquire_lease(keys(f"timing-{i}"), "timing", t.long_ttl_ms)
+            took.append(loop.time() - start)
+            await provider.release_lease(keys(f"timing-{i}"), "timing")
+        return cls(seed, min(_MAX_DELAY_S, 2 * sorted(took)[len(took) // 2]))
+
+    def __call__(self) -> float:
+        return self._rng.uniform(0, self.span_s)
+
+
 async def _cancel_at_random(
-    provider: LeaseProvider, work: Callable[[], Awaitable[object]], rng: random.Random
+    provider: LeaseProvider, work: Callable[[], Awaitable[object]], delays: _Delays
 ) -> bool:
     """Run ``work`` in a task cancelled 0-4 ms in; True if the cancel interrupted it."""
     task = asyncio.ensure_future(work())
-    await asyncio.sleep(rng.uniform(0, _MAX_DELAY_S))
+    await asyncio.sleep(delays())
     task.cancel()
     if not (await asyncio.wait((task,), timeout=_patience_s(provider)))[0]:
         task.cancel()
@@ -81,7 +108,7 @@ class CancellationChecks(ContractBase):
     async def test_a_cancelled_acquire_strands_no_key(
         self, provider: LeaseProvider, cancels: int
     ) -> None:
-        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        t, keys, delays = Timing.of(provider), KeySpace(), await _Delays.of(provider, cancels)
         suspects: dict[str, str] = {}
         for i in range(cancels):
             key, owner = keys(f"acquire-{i}"), f"owner-{i}"
@@ -92,7 +119,7 @@ class CancellationChecks(ContractBase):
             ) -> None:
                 out.append(await provider.acquire_lease(key, owner, t.long_ttl_ms))
 
-            if await _cancel_at_random(provider, acquire, rng):
+            if await _cancel_at_random(provider, acquire, delays):
                 suspects[key] = owner
             elif answers and answers[0].acquired:
                 await provider.release_lease(key, owner)
@@ -107,7 +134,7 @@ class CancellationChecks(ContractBase):
 
         Never with the new owner, who was not told: a transfer that landed is undone.
         """
-        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(11)
+        t, keys, delays = Timing.of(provider), KeySpace(), await _Delays.of(provider, 11)
         suspects: dict[str, str] = {}
         for i in range(_FEW):
             key, holder, successor = keys(f"transfer-{i}"), f"holder-{i}", f"successor-{i}"
@@ -122,7 +149,7 @@ class CancellationChecks(ContractBase):
             ) -> None:
                 out.append(await provider.transfer_lease(key, holder, successor, t.long_ttl_ms))
 
-            if await _cancel_at_random(provider, transfer, rng):
+            if await _cancel_at_random(provider, transfer, delays):
                 suspects[key] = successor
             await provider.release_lease(key, successor if moved and moved[0] else holder)
         stranded = await _stranded(provider, suspects)
@@ -139,12 +166,12 @@ class CancellationChecks(ContractBase):
         The owner acquires again at once, and is told it holds the key; an idempotent
         re-acquire keeps the token, so only the order of the two can tell them apart.
         """
-        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(7)
+        t, keys, delays = Timing.of(provider), KeySpace(), await _Delays.of(provider, 7)
 
         async def cancel_then_acquire(i: int) -> tuple[str, str, leasekit.LeaseResult]:
             key, owner = keys(f"again-{i}"), f"owner-{i}"
             await _cancel_at_random(
-                provider, lambda: provider.acquire_lease(key, owner, t.long_ttl_ms), rng
+                provider, lambda: provider.acquire_lease(key, owner, t.long_ttl_ms), delays
             )
             return key, owner, await provider.acquire_lease(key, owner, t.long_ttl_ms)
 
@@ -187,7 +214,7 @@ class CancellationChecks(ContractBase):
     async def test_a_hold_cancelled_while_entering_strands_no_key(
         self, provider: LeaseProvider, cancels: int
     ) -> None:
-        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        t, keys, delays = Timing.of(provider), KeySpace(), await _Delays.of(provider, cancels)
         everyone: dict[str, str] = {}
         for i in range(cancels):
             key, owner = keys(f"enter-{i}"), f"owner-{i}"
@@ -197,7 +224,7 @@ class CancellationChecks(ContractBase):
                 async with leasekit.hold(provider, key, owner, t.long_ttl_ms):
                     await asyncio.sleep(3600)  # held until cancelled
 
-            await _cancel_at_random(provider, enter, rng)
+            await _cancel_at_random(provider, enter, delays)
         stranded = await _stranded(provider, everyone)
         assert not stranded, (
             f"{len(stranded)} of {cancels} holds cancelled while entering left their key "
@@ -208,7 +235,7 @@ class CancellationChecks(ContractBase):
     async def test_a_hold_cancelled_while_leaving_strands_no_key(
         self, provider: LeaseProvider, cancels: int
     ) -> None:
-        t, keys, rng = Timing.of(provider), KeySpace(), random.Random(cancels)
+        t, keys, delays = Timing.of(provider), KeySpace(), await _Delays.of(provider, cancels)
         everyone: dict[str, str] = {}
         for i in range(cancels):
             key, owner = keys(f"leave-{i}"), f"owner-{i}"
@@ -231,7 +258,7 @@ class CancellationChecks(ContractBase):
             await asyncio.wait((task, waiting), return_when=asyncio.FIRST_COMPLETED)
             waiting.cancel()
             leave.set()  # the block ends now; the cancel falls into leaving it
-            await asyncio.sleep(rng.uniform(0, _MAX_DELAY_S))
+            await asyncio.sleep(delays())
             task.cancel()
             await asyncio.wait((task,))
             if not task.cancelled():
