@@ -68,7 +68,7 @@ class _Delays:
 async def _cancel_at_random(
     provider: LeaseProvider, work: Callable[[], Awaitable[object]], delays: _Delays
 ) -> bool:
-    """Run ``work`` in a task cancelled 0-4 ms in; True if the cancel interrupted it."""
+    """Run ``work`` in a task cancelled after one of ``delays``; True if it was interrupted."""
     task = asyncio.ensure_future(work())
     await asyncio.sleep(delays())
     task.cancel()
