@@ -848,8 +848,11 @@ def hold(
     ``async with``; with ``on_lost="flag"`` the body runs on and should check
     ``.lost`` or :meth:`LeaseHold.remaining`. A ``leasekit_lost`` event follows.
 
-    Cancelling the body or its task stops renewal and releases the lease (or, if the
-    release is itself interrupted, leaves it to expire); no task outlives the block.
+    Cancelling the body or its task stops renewal and releases the lease; a cancel
+    that arrives while leaving waits for the release (bounded by the provider's
+    ``timeout_s``) and is raised after it. A cancel while entering leaves nothing held:
+    a grant that landed anyway, or an acquire that timed out, is undone in the
+    background. No renewal task outlives the block.
     ``clock`` (default: the real monotonic clock) drives renewals and the deadline,
     as ``leasekit.testing.FakeClock`` does in tests. Arguments are validated here,
     before any I/O.
