@@ -210,13 +210,19 @@ async def _uninterrupted(leaving: asyncio.Task[None], bound_s: float) -> None:
             continue
         if not leaving.done():
             leaving.cancel()  # bounded: what is left of the release is given up
+            leaving.add_done_callback(_retrieve)
             break
     if cancelled is not None:
         if leaving.done() and not leaving.cancelled():
             leaving.exception()  # retrieved: the cancellation is what the caller asked for
         raise cancelled
-    if not leaving.cancelled():
+    if leaving.done() and not leaving.cancelled():
         leaving.result()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a release given up on: the lease expires after its TTL
 
 
 async def wait_for(
