@@ -394,6 +394,16 @@ class EtcdLeaseProvider(BackendProvider):
         validate_owner(owner)
         await self._run(key, lambda op: op.release(key, owner))
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        One transaction comparing the record's value and its ``create_revision`` (the
+        token), then deleting it.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        await self._run(key, lambda op: op.release_grant(key, owner, token))
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)
