@@ -17,20 +17,24 @@ import socket
 import sys
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from . import _hooks
 from ._clock import REAL_CLOCK, Clock, TimerHandle
 from ._contract import LeaseProvider, LeaseResult, validate_key, validate_owner, validate_ttl_ms
 from ._errors import (
     InvalidLeaseArgument,
+    LeaseBackendTimeout,
     LeaseBackendUnreachable,
+    LeaseError,
     LeaseHeld,
     LeaseLost,
     LeaseProviderClosed,
 )
 from ._renewals import batcher_for
 from ._watch import KeyWaiter
+from .backend._records import supports
+from .backend._undo import SupportsUndoGrant
 
 __all__ = ["LeaseHold", "OnLost", "hold", "new_owner_id", "wait_for"]
 
@@ -47,6 +51,12 @@ _DEFAULT_POLL_S = 0.05
 # interval below 5 s): the window in which due renewals of many holds coalesce.
 _MAX_LEAD_S = 0.25
 _DEFAULT_MAX_POLL_S = 1.0
+# What bounds leaving a hold (and an undo of ours) on a provider without timeout_s.
+_DEFAULT_TIMEOUT_S = 5.0
+
+# Releases of grants nobody learned of, on providers that do not undo them themselves:
+# referenced here until done, so the loop does not collect them.
+_undoing: set[asyncio.Task[None]] = set()
 
 
 def new_owner_id(prefix: str = "") -> str:
@@ -112,24 +122,107 @@ async def _acquire_polling(
     """
     deadline = None if timeout_s is None else clock.monotonic() + timeout_s
     vanished = False
-    # Subscribed before the first attempt, so a release right after a denial still wakes.
-    async with KeyWaiter(
-        provider, key, poll_s=poll_s, max_poll_s=max_poll_s, clock=clock
-    ) as waiter:
-        while True:
-            start = clock.monotonic()
-            result = await provider.acquire_lease(key, owner, ttl_ms)
-            if result.acquired:
-                return result, start
-            if result.owner is None and not vanished:
-                # The holder expired between the check and the answer: the key is free
-                # now, so ask again at once (once: a store that keeps saying this is broken).
-                vanished = True
-                continue
-            vanished = False
-            if deadline is not None and clock.monotonic() >= deadline:
-                return result, start
-            await waiter.pause(deadline)
+    granted = False
+    try:
+        # Subscribed before the first attempt, so a release right after a denial still wakes.
+        async with KeyWaiter(
+            provider, key, poll_s=poll_s, max_poll_s=max_poll_s, clock=clock
+        ) as waiter:
+            while True:
+                start = clock.monotonic()
+                try:
+                    result = await provider.acquire_lease(key, owner, ttl_ms)
+                except LeaseBackendTimeout:
+                    undo_grant(provider, key, owner)  # it may have landed: as if cancelled
+                    raise
+                except asyncio.CancelledError:
+                    if not supports(_hooks.unwrap(provider), SupportsUndoGrant):
+                        undo_grant(provider, key, owner)  # else the provider undoes it
+                    raise
+                if result.acquired:
+                    granted = True
+                    return result, start
+                if result.owner is None and not vanished:
+                    # The holder expired between the check and the answer: the key is
+                    # free now, so ask again at once (once: a store that keeps saying
+                    # this is broken).
+                    vanished = True
+                    continue
+                vanished = False
+                if deadline is not None and clock.monotonic() >= deadline:
+                    return result, start
+                await waiter.pause(deadline)
+    except BaseException:
+        if granted:  # cancelled while unsubscribing: the caller never hears of the grant
+            undo_grant(provider, key, owner)
+        raise
+
+
+def undo_grant(provider: LeaseProvider, key: str, owner: str) -> None:
+    """Release, in the background, a grant of ``key`` to ``owner`` nobody will use.
+
+    Through the provider's own ``undo_grant`` (:class:`leasekit.backend.SupportsUndoGrant`,
+    which every toolkit backend has: exact, and ordered before its next grant of the same
+    key and owner); on any other provider, a ``release_lease`` in a task of its own,
+    bounded by the provider's ``timeout_s``.
+    """
+    target: Any = _hooks.unwrap(provider)
+    if supports(target, SupportsUndoGrant):
+        target.undo_grant(key, owner)
+        return
+    task = asyncio.get_running_loop().create_task(
+        _release_quietly(provider, key, owner, _timeout_of(provider))
+    )
+    _undoing.add(task)
+    task.add_done_callback(_undoing.discard)
+
+
+async def _release_quietly(provider: LeaseProvider, key: str, owner: str, bound_s: float) -> None:
+    try:
+        await asyncio.wait_for(provider.release_lease(key, owner), bound_s)
+    except (LeaseError, asyncio.TimeoutError) as exc:
+        _log.warning(
+            "releasing a grant of %r to %r nobody learned of failed (%r); it expires after its TTL",
+            key,
+            owner,
+            exc,
+        )
+
+
+def _timeout_of(provider: LeaseProvider) -> float:
+    """The provider's ``timeout_s`` (what bounds each of its calls), else a default."""
+    timeout_s = getattr(_hooks.unwrap(provider), "timeout_s", None)
+    if isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and timeout_s > 0:
+        return float(timeout_s)
+    return _DEFAULT_TIMEOUT_S
+
+
+async def _uninterrupted(leaving: asyncio.Task[None], bound_s: float) -> None:
+    """Wait for ``leaving`` even if cancelled meanwhile (then re-raise), at most ``bound_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    cancelled: asyncio.CancelledError | None = None
+    while not leaving.done():
+        try:
+            await asyncio.wait((leaving,), timeout=max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError as exc:
+            cancelled = exc  # delivered once leaving is done
+            continue
+        if not leaving.done():
+            leaving.cancel()  # bounded: what is left of the release is given up
+            leaving.add_done_callback(_retrieve)
+            break
+    if cancelled is not None:
+        if leaving.done() and not leaving.cancelled():
+            leaving.exception()  # retrieved: the cancellation is what the caller asked for
+        raise cancelled
+    if leaving.done() and not leaving.cancelled():
+        leaving.result()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a release given up on: the lease expires after its TTL
 
 
 async def wait_for(
@@ -349,6 +442,14 @@ class LeaseHold:
     ) -> None:
         self._exiting = True  # from here on, a loss no longer cancels the body
         external_cancel = self._take_back_cancel()
+        # Leaving runs to its end even if the task is cancelled meanwhile (that
+        # cancellation is raised afterwards): a release cut off half way would leave the
+        # key held for its whole TTL. Stopping the renewer and releasing are each
+        # bounded by the provider's timeout_s.
+        leaving = asyncio.get_running_loop().create_task(self._leave(exc, external_cancel))
+        await _uninterrupted(leaving, 2 * _timeout_of(self._ops) + 1.0)
+
+    async def _leave(self, exc: BaseException | None, external_cancel: bool) -> None:
         await self._stop_renewer()
         self._disarm_deadline()
         await self._settle_transfer_op()
@@ -753,8 +854,11 @@ def hold(
     ``async with``; with ``on_lost="flag"`` the body runs on and should check
     ``.lost`` or :meth:`LeaseHold.remaining`. A ``leasekit_lost`` event follows.
 
-    Cancelling the body or its task stops renewal and releases the lease (or, if the
-    release is itself interrupted, leaves it to expire); no task outlives the block.
+    Cancelling the body or its task stops renewal and releases the lease; a cancel
+    that arrives while leaving waits for the release (bounded by the provider's
+    ``timeout_s``) and is raised after it. A cancel while entering leaves nothing held:
+    a grant that landed anyway, or an acquire that timed out, is undone in the
+    background. No renewal task outlives the block.
     ``clock`` (default: the real monotonic clock) drives renewals and the deadline,
     as ``leasekit.testing.FakeClock`` does in tests. Arguments are validated here,
     before any I/O.

@@ -225,6 +225,37 @@ class MemoryLeaseProvider:
             del store.leases[key]
         store.hub.notify(key)
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
+        validate_key(key)
+        validate_owner(owner)
+        store = self._check()
+        with store.lock:
+            lease = store.live(key, store.clock_ns())
+            if lease is None or lease.owner != owner or lease.token != token:
+                return
+            del store.leases[key]
+        store.hub.notify(key)
+
+    def undo_grant(self, key: str, owner: str) -> None:
+        """Release a grant of ``key`` to ``owner`` nobody learned of (``SupportsUndoGrant``).
+
+        At once: every operation here is atomic and never left half done, so a
+        cancelled acquire either granted before it returned or did nothing, and this
+        release cannot overtake a grant still on its way.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        if self._closed:
+            return
+        store = self._store
+        with store.lock:
+            lease = store.live(key, store.clock_ns())
+            if lease is None or lease.owner != owner:
+                return
+            del store.leases[key]
+        store.hub.notify(key)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
         validate_owner(owner)

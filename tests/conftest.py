@@ -24,9 +24,18 @@ PROCESS_CHECKS = frozenset(
 )
 
 
+# The suite's cancellation checks run 60 cancels and 300: the 300 are marked here.
+MANY_CANCELS = 300
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if isinstance(item, pytest.Function) and item.originalname in PROCESS_CHECKS:
+        if not isinstance(item, pytest.Function):
+            continue
+        if item.originalname in PROCESS_CHECKS:
+            item.add_marker(pytest.mark.slow)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("cancels") == MANY_CANCELS:
             item.add_marker(pytest.mark.slow)
 
 

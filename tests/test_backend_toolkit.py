@@ -29,6 +29,7 @@ from leasekit import (
     LeaseBackendUnreachable,
     LeaseError,
     LeaseProviderClosed,
+    LeaseResult,
 )
 from leasekit.backend import (
     BackendProvider,
@@ -521,7 +522,7 @@ async def test_a_detached_call_waits_for_the_abandoned_calls_on_its_key() -> Non
     release.set()
     assert await later == "k, later"
     assert order == ["other key", "abandoned k", "k, later"]
-    assert provider._unsettled == {}
+    assert provider._abandoned_by_key == {}
     await provider.aclose()
 
 
@@ -833,3 +834,179 @@ async def test_fifo_gate_a_wait_bounded_by_a_timeout_leaves_the_queue() -> None:
 def test_fifo_gate_refuses_a_size_below_one(size: Any) -> None:
     with pytest.raises(ValueError, match="size must be an int of at least 1"):
         FifoGate(size)
+
+
+# -- undoing a grant whose caller never learned of it -------------------------------------
+
+
+class LostReplyProvider(BackendProvider):
+    """Grants at once in a dict, answers when the test says so: a reply that can be lost.
+
+    ``detached=True`` runs acquire through ``_call_detached`` (as PostgreSQL does),
+    and then the backend offers ``release_grant``.
+    """
+
+    backend: ClassVar[str] = "lost-reply"
+    capabilities: Capabilities = Capabilities(fencing=True)
+    errors: ClassVar[ErrorMap] = ErrorMap({}, backend="lost-reply")
+
+    def __init__(self, *, timeout_s: float = 5.0) -> None:
+        super().__init__(timeout_s=timeout_s, owns_client=False)
+        self.leases: dict[str, tuple[str, int]] = {}
+        self.last_token = 0
+        self.reply: asyncio.Future[None] | None = None
+        self.log: list[tuple[str, str, str]] = []  # (what, key, owner), in store order
+        self.granted = asyncio.Event()
+
+    def _grant(self, key: str, owner: str) -> LeaseResult:
+        held = self.leases.get(key)
+        if held is not None and held[0] != owner:
+            return LeaseResult(False, held[0], None)
+        if held is None:
+            self.last_token += 1
+            held = self.leases[key] = (owner, self.last_token)
+        self.log.append(("grant", key, owner))
+        self.granted.set()
+        return LeaseResult(True, owner, held[1])
+
+    async def _acquire(self, key: str, owner: str) -> LeaseResult:
+        result = self._grant(key, owner)  # lands in the store before the reply is awaited
+        if self.reply is not None:
+            await self.reply
+        return result
+
+    async def _release(self, key: str, owner: str, token: int | None = None) -> None:
+        held = self.leases.get(key)
+        if held is not None and held[0] == owner and token in (None, held[1]):
+            del self.leases[key]
+            self.log.append(("release" if token is None else "release_grant", key, owner))
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        if self._undos:
+            await self._after_undo(key, owner)
+        return await self._call(self._acquire(key, owner), key, owner)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self._call(self._release(key, owner), key)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        held = self.leases.get(key)
+        return None if held is None else held[0]
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return key in self.leases and self.leases[key][0] == owner
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        raise NotImplementedError
+
+
+class DetachedLostReplyProvider(LostReplyProvider):
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        if self._undos:
+            await self._after_undo(key, owner)
+        return await self._call_detached(self._acquire(key, owner), key, owner)
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        await self._call(self._release(key, owner, token), key)
+
+
+async def _undos_done(provider: BackendProvider) -> None:
+    while provider._undos:
+        await asyncio.wait(set(provider._undos.values()))
+
+
+async def _cancelled_after_the_grant(provider: LostReplyProvider, key: str, owner: str) -> None:
+    provider.reply = asyncio.get_running_loop().create_future()
+    provider.granted.clear()
+    task = asyncio.ensure_future(provider.acquire_lease(key, owner, 1000))
+    await provider.granted.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    provider.reply = None
+
+
+@pytest.mark.parametrize("kind", [LostReplyProvider, DetachedLostReplyProvider])
+async def test_a_cancelled_grant_is_undone_in_the_background(kind: type[LostReplyProvider]) -> None:
+    async with kind() as provider:
+        await _cancelled_after_the_grant(provider, "k", "a")
+        await _undos_done(provider)
+        assert provider.leases == {}
+        assert provider.log[-1] == ("release", "k", "a")
+
+
+@pytest.mark.parametrize("kind", [LostReplyProvider, DetachedLostReplyProvider])
+async def test_a_grant_after_a_cancelled_one_is_never_undone(kind: type[LostReplyProvider]) -> None:
+    # The same owner acquires again at once: an idempotent re-acquire would keep the
+    # token, so only the order tells the grants apart. The new grant waits for the undo.
+    async with kind() as provider:
+        await _cancelled_after_the_grant(provider, "k", "a")
+        again = await provider.acquire_lease("k", "a", 1000)
+        assert again.acquired
+        await _undos_done(provider)
+        assert provider.leases["k"] == ("a", again.token)
+        assert provider.log[-1] == ("grant", "k", "a")
+        assert ("release", "k", "a") in provider.log
+
+
+async def test_a_detached_grant_whose_reply_had_arrived_is_undone_by_its_token() -> None:
+    async with DetachedLostReplyProvider() as provider:
+        reply = provider.reply = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(provider.acquire_lease("k", "a", 1000))
+        await provider.granted.wait()
+        reply.set_result(None)
+        task.cancel()  # in the same loop turn: the reply is there, its reader is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _undos_done(provider)
+        assert provider.leases == {}
+        assert provider.log[-1] == ("release_grant", "k", "a")
+
+
+@pytest.mark.parametrize("kind", [LostReplyProvider, DetachedLostReplyProvider])
+async def test_a_timed_out_grant_is_kept_until_undo_grant(kind: type[LostReplyProvider]) -> None:
+    async with kind(timeout_s=0.05) as provider:
+        provider.reply = asyncio.get_running_loop().create_future()
+        with pytest.raises(LeaseBackendTimeout):
+            await provider.acquire_lease("k", "a", 1000)
+        assert provider.leases["k"][0] == "a"  # unknown to the caller, who may retry
+        provider.undo_grant("k", "a")
+        await _undos_done(provider)
+        assert provider.leases == {}
+
+
+async def test_aclose_drains_a_pending_undo() -> None:
+    provider = LostReplyProvider()
+    async with provider:
+        await _cancelled_after_the_grant(provider, "k", "a")
+    assert provider.closed
+    assert provider.leases == {}
+
+
+async def test_hold_undoes_a_timed_out_acquire() -> None:
+    async with LostReplyProvider(timeout_s=0.05) as provider:
+        provider.reply = asyncio.get_running_loop().create_future()
+        with pytest.raises(LeaseBackendTimeout):
+            async with leasekit.hold(provider, "k", "a", ttl_ms=1000):
+                pytest.fail("the body must not run")
+        await _undos_done(provider)
+        assert provider.leases == {}
+
+
+async def test_a_cancellation_the_driver_swallowed_is_raised_and_its_grant_undone() -> None:
+    # As Python 3.11's asyncio.wait_for does when a result races the cancellation.
+    class SwallowingProvider(LostReplyProvider):
+        async def _acquire(self, key: str, owner: str) -> LeaseResult:
+            result = self._grant(key, owner)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+            return result
+
+    async with SwallowingProvider() as provider:
+        task = asyncio.ensure_future(provider.acquire_lease("k", "a", 1000))
+        await provider.granted.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _undos_done(provider)
+        assert provider.leases == {}

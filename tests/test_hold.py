@@ -896,3 +896,32 @@ def test_the_documented_example_prints_what_the_page_shows(tmp_path: Path) -> No
     assert run_example("hold_example.py", tmp_path) == documented_output(
         "hold.md", "hold_example.py"
     )
+
+
+async def test_leaving_waits_for_the_release_through_a_cancel_and_raises_it_after() -> None:
+    # The exit's release is slow; the task is cancelled while it is in flight: the
+    # release still happens, and the cancellation comes out of the block afterwards.
+    releasing = asyncio.Event()
+    finish = asyncio.Event()
+
+    class SlowRelease(leasekit.MemoryLeaseProvider):
+        async def release_lease(self, key: str, owner: str) -> None:
+            releasing.set()
+            await finish.wait()
+            await super().release_lease(key, owner)
+
+    provider = SlowRelease()
+
+    async def body() -> None:
+        async with leasekit.hold(provider, "k", "a", ttl_ms=10_000):
+            pass
+
+    task = asyncio.ensure_future(body())
+    await releasing.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()  # still releasing
+    finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await provider.get_lease_owner("k") is None

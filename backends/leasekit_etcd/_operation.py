@@ -288,6 +288,14 @@ class Operation:
             for lease in _replies.detached_leases(reply):
                 self.left_empty(lease)
 
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        record = _keys.record_name(self.prefix, key, owner)
+        reply = await self.txn(_txn.release_grant(record, owner.encode(), token))
+        if reply.succeeded:
+            self.provider._seen_held.discard(key)
+            for lease in _replies.detached_leases(reply):
+                self.left_empty(lease)
+
     async def transfer(self, key: str, from_owner: str, to_owner: str, ttl_s: int) -> bool:
         from_record = _keys.record_name(self.prefix, key, from_owner)
         to_record = _keys.record_name(self.prefix, key, to_owner)

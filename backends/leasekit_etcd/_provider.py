@@ -304,9 +304,16 @@ class EtcdLeaseProvider(BackendProvider):
                 "and use no etcd client in the parent before forking"
             )
 
-    async def _run(self, key: str | None, work: Callable[[Operation], Awaitable[_T]]) -> _T:
+    async def _run(
+        self,
+        key: str | None,
+        work: Callable[[Operation], Awaitable[_T]],
+        grant: str | None = None,
+    ) -> _T:
         """Run one operation within ``timeout_s``, its errors mapped at one boundary."""
-        return await self._call(self._operate(work), key)
+        if grant is not None and key is not None and self._undos:
+            await self._after_undo(key, grant)
+        return await self._call(self._operate(work), key, grant)
 
     async def _operate(self, work: Callable[[Operation], Awaitable[_T]]) -> _T:
         members = self._members if self._members is not None else await self._adopt_client()
@@ -398,7 +405,7 @@ class EtcdLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
-        return await self._run(key, lambda op: op.acquire(key, owner, _ttl_s(ttl_ms)))
+        return await self._run(key, lambda op: op.acquire(key, owner, _ttl_s(ttl_ms)), owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
@@ -408,6 +415,16 @@ class EtcdLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         await self._run(key, lambda op: op.release(key, owner))
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        One transaction comparing the record's value and its ``create_revision`` (the
+        token), then deleting it.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        await self._run(key, lambda op: op.release_grant(key, owner, token))
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -423,7 +440,9 @@ class EtcdLeaseProvider(BackendProvider):
         ttl_s = _ttl_s(ttl_ms)
         if from_owner == to_owner:
             return await self._run(key, lambda op: op.renew(key, from_owner, ttl_s))
-        return await self._run(key, lambda op: op.transfer(key, from_owner, to_owner, ttl_s))
+        return await self._run(
+            key, lambda op: op.transfer(key, from_owner, to_owner, ttl_s), to_owner
+        )
 
     # -- beyond the contract ------------------------------------------------------------
 

@@ -26,7 +26,15 @@ from __future__ import annotations
 
 from . import _rpc
 
-__all__ = ["acquire_free", "read_holder", "read_record", "release", "relet", "transfer"]
+__all__ = [
+    "acquire_free",
+    "read_holder",
+    "read_record",
+    "release",
+    "release_grant",
+    "relet",
+    "transfer",
+]
 
 
 def read_holder(start: bytes, end: bytes) -> _rpc.Request:
@@ -82,6 +90,21 @@ def release(record: bytes, owner: bytes) -> _rpc.Request:
     """
     return _rpc.txn_request(
         [_rpc.compare_value(record, owner)],
+        [_rpc.delete_op(record, prev_kv=True)],
+        [],
+    )
+
+
+def release_grant(record: bytes, owner: bytes, token: int) -> _rpc.Request:
+    """Free the key if ``o`` holds it with fencing token ``token``: compare ``R(k, o) ==
+    o`` and its ``create_revision == token``, then delete it.
+
+    The undo of a grant whose caller was cancelled (``leasekit.backend.SupportsReleaseGrant``):
+    a later grant of the key to ``o`` is a new record with a new ``create_revision`` and
+    is left alone. ``prev_kv`` names the etcd lease to revoke, as for :func:`release`.
+    """
+    return _rpc.txn_request(
+        [_rpc.compare_value(record, owner), _rpc.compare_create(record, b"", token)],
         [_rpc.delete_op(record, prev_kv=True)],
         [],
     )

@@ -231,10 +231,15 @@ class MySQLLeaseProvider(BackendProvider):
     # -- connections: check out, run, retry, check in ----------------------------------
 
     async def _run(
-        self, op: _Operation[_T], key: str | None = None, *, idempotent: bool = True
+        self,
+        op: _Operation[_T],
+        key: str | None = None,
+        *,
+        idempotent: bool = True,
+        grant: str | None = None,
     ) -> _T:
         """One bounded call (the toolkit's deadline) of ``op`` on a ready connection."""
-        return await self._call(self._use(op, key, idempotent=idempotent), key)
+        return await self._call(self._use(op, key, idempotent=idempotent), key, grant)
 
     async def _use(
         self, op: _Operation[_T], key: str | None, *, idempotent: bool = True, ready: bool = True
@@ -379,8 +384,12 @@ class MySQLLeaseProvider(BackendProvider):
 
     # -- the contract -------------------------------------------------------------------
 
-    async def _write(self, op: _Operation[_T], key: str, *, idempotent: bool = True) -> _T:
-        result = await self._run(op, key, idempotent=idempotent)
+    async def _write(
+        self, op: _Operation[_T], key: str, *, idempotent: bool = True, grant: str | None = None
+    ) -> _T:
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        result = await self._run(op, key, idempotent=idempotent, grant=grant)
         if self.sweep_every and not self._sweeping:
             self._writes += 1
             if self._writes >= self.sweep_every:
@@ -412,7 +421,7 @@ class MySQLLeaseProvider(BackendProvider):
                 # Released, expired or handed to us since it denied us: acquire again.
             return LeaseResult(False, None, None)
 
-        return await self._write(op, key)
+        return await self._write(op, key, grant=owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
@@ -426,6 +435,16 @@ class MySQLLeaseProvider(BackendProvider):
         validate_owner(owner)
         params = {"key": key.encode(), "owner": owner.encode()}
         await self._write(self._rowcount("release", params), key)
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        What the toolkit undoes a cancelled grant with when it read the grant's reply.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        params = {"key": key.encode(), "owner": owner.encode(), "token": token}
+        await self._write(self._rowcount("release_grant", params), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -444,7 +463,8 @@ class MySQLLeaseProvider(BackendProvider):
         # Not retried on a lost connection: a transfer that ran before the connection
         # died would report False the second time.
         op = self._rowcount("transfer", params)
-        return await self._write(op, key, idempotent=False) == 1
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        return await self._write(op, key, idempotent=False, grant=grant) == 1
 
     def _scalar(self, statement: str, params: dict[str, Any] | None) -> _Operation[Any]:
         """``statement``'s first column of its first row, or None without a row."""

@@ -191,6 +191,16 @@ class Statements:
             WHERE lease_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW_UTC}
             """
 
+        # %(key)s, %(owner)s, %(token)s -> rowcount 1 if released: only the grant that
+        # carries this fencing token (the undo of a grant whose caller was cancelled,
+        # leasekit.backend.SupportsReleaseGrant); another grant of the key, even to the
+        # same owner, keeps a different token and is left alone.
+        self.release_grant = f"""
+            UPDATE {t} SET expires_at = {NOW_UTC}
+            WHERE lease_key = %(key)s AND owner = %(owner)s AND token = %(token)s
+                AND expires_at > {NOW_UTC}
+            """
+
         # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_us)s -> rowcount 1 if moved. One
         # UPDATE rewrites token, owner and expiry together (left to right: `token` sees
         # the old owner), so the key is never free in between. To oneself: a renew.

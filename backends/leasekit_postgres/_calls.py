@@ -47,6 +47,7 @@ __all__ = [
     "open_connection",
     "owner",
     "release",
+    "release_grant",
     "renew",
     "renew_many",
     "row_count",
@@ -127,6 +128,17 @@ def release(
     else:
         params = {"key": key.encode(), "owner": owner.encode(), "channel": channel}
         yield Query(sql.release_notify, params, "rowcount")
+
+
+def release_grant(
+    sql: _sql.Statements, key: str, owner: str, token: int, channel: str | None = None
+) -> Operation[None]:
+    """Release ``key`` if ``owner`` holds it with fencing token ``token``."""
+    params: dict[str, object] = {"key": key.encode(), "owner": owner.encode(), "token": token}
+    if channel is None:
+        yield Query(sql.release_grant, params, "rowcount")
+    else:
+        yield Query(sql.release_grant_notify, {**params, "channel": channel}, "rowcount")
 
 
 def remaining(sql: _sql.Statements, key: str) -> Operation[int | None]:

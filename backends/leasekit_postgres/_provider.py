@@ -246,9 +246,10 @@ class PostgresLeaseProvider(BackendProvider):
         write: bool = False,
         idempotent: bool = True,
         check_schema: bool = True,
+        grant: str | None = None,
     ) -> Awaitable[_T]:
         return self._call_detached(
-            self._attempt(operation, (), write, idempotent, check_schema), key
+            self._attempt(operation, (), write, idempotent, check_schema), key, grant
         )
 
     async def _attempt(
@@ -413,8 +414,10 @@ class PostgresLeaseProvider(BackendProvider):
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
+        if self._undos:
+            await self._after_undo(key, owner)
         return await self._call_detached(
-            self._attempt(_calls.acquire, (self._sql, key, owner, ttl_ms), True), key
+            self._attempt(_calls.acquire, (self._sql, key, owner, ttl_ms), True), key, owner
         )
 
     async def get_lease_owner(self, key: str) -> str | None:
@@ -426,6 +429,20 @@ class PostgresLeaseProvider(BackendProvider):
         validate_owner(owner)
         await self._call_detached(
             self._attempt(_calls.release, (self._sql, key, owner, self._channel), True), key
+        )
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
+
+        What the toolkit undoes a cancelled grant with when it read the grant's reply.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        await self._call_detached(
+            self._attempt(
+                _calls.release_grant, (self._sql, key, owner, token, self._channel), True
+            ),
+            key,
         )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -454,6 +471,9 @@ class PostgresLeaseProvider(BackendProvider):
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
         # Not retried on a lost connection: a transfer that ran before the connection
         # died would report False the second time.
         return await self._run(
@@ -463,6 +483,7 @@ class PostgresLeaseProvider(BackendProvider):
             key,
             write=True,
             idempotent=False,
+            grant=grant,
         )
 
     # -- waiting without polling -----------------------------------------------------------

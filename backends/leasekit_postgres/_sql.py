@@ -246,6 +246,28 @@ class Statements:
             SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM released
             """
         )
+        # %(key)s, %(owner)s, %(token)s [, %(channel)s]: release only the grant that
+        # carries this fencing token (the undo of a grant whose caller was cancelled,
+        # leasekit.backend.SupportsReleaseGrant); another grant of the key, even to the
+        # same owner, keeps a different token and is left alone.
+        self.release_grant = compose(
+            """
+            UPDATE {table} SET expires_at = clock_timestamp()
+            WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
+                AND expires_at > clock_timestamp()
+            """
+        )
+        self.release_grant_notify = compose(
+            """
+            WITH released AS (
+                UPDATE {table} SET expires_at = clock_timestamp()
+                WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
+                    AND expires_at > clock_timestamp()
+                RETURNING key
+            )
+            SELECT pg_notify(%(channel)s, encode(key, 'hex')) FROM released
+            """
+        )
         self.transfer_notify = compose(
             """
             WITH moved AS (

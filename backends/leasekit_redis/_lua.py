@@ -135,6 +135,27 @@ return 0
 """,
 )
 
+# KEYS: lease. ARGV: owner, token, publish. RELEASE of only the grant that carries this
+# fencing token (the undo of a grant whose caller was cancelled; see
+# leasekit.backend.SupportsReleaseGrant): another grant of the key, even to the same
+# owner, has a different token and is left alone. Returns 1 if deleted, else 0.
+RELEASE_GRANT = Script(
+    "release_grant",
+    _PRELUDE
+    + """
+local value = redis.call('GET', KEYS[1])
+if value then
+  local owner, token = parse(value)
+  if owner == ARGV[1] and token == ARGV[2] then
+    redis.call('DEL', KEYS[1])
+    notify(KEYS[1], ARGV[3])
+    return 1
+  end
+end
+return 0
+""",
+)
+
 # KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px. Resets the TTL of ARGV[1]'s
 # live lease (and keeps the counter at least as long). Returns 1, or 0 if not held.
 RENEW = Script(

@@ -13,7 +13,7 @@ from leasekit import validate_key, validate_owner, validate_ttl_ms
 from . import _replies
 from ._replies import ScriptCall
 
-__all__ = ["acquire", "owner", "release", "renew", "transfer"]
+__all__ = ["acquire", "owner", "release", "release_grant", "renew", "transfer"]
 
 
 def acquire(
@@ -37,6 +37,13 @@ def release(prefix: bytes, key: str, owner: str, *, publish: bytes) -> ScriptCal
     validate_key(key)
     validate_owner(owner)
     return _replies.release_request(prefix, key, owner, publish=publish)
+
+
+def release_grant(prefix: bytes, key: str, owner: str, token: int, *, publish: bytes) -> ScriptCall:
+    """Validated ``RELEASE_GRANT``; its reply carries nothing to read."""
+    validate_key(key)
+    validate_owner(owner)
+    return _replies.release_grant_request(prefix, key, owner, token, publish=publish)
 
 
 def renew(

@@ -270,8 +270,10 @@ class RedisLeaseProvider(BackendProvider):
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         call = _ops.acquire(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
+        if self._undos:
+            await self._after_undo(key, owner)
         self._refuse_if_closed()  # before anything joins a batch
-        reply = await self._call(self._submit(call.evalsha(), call, key), key)
+        reply = await self._call(self._submit(call.evalsha(), call, key), key, owner)
         try:
             return _replies.read_acquire(reply, owner)
         except _replies.GarbledReply as exc:
@@ -288,6 +290,12 @@ class RedisLeaseProvider(BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         call = _ops.release(self._prefix, key, owner, publish=self._publish)
+        self._refuse_if_closed()
+        await self._call(self._submit(call.evalsha(), call, key), key)
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
+        call = _ops.release_grant(self._prefix, key, owner, token, publish=self._publish)
         self._refuse_if_closed()
         await self._call(self._submit(call.evalsha(), call, key), key)
 
@@ -346,8 +354,12 @@ class RedisLeaseProvider(BackendProvider):
             counter_ttl_ms=self.counter_ttl_ms,
             publish=self._publish,
         )
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
         self._refuse_if_closed()
-        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
+        reply = await self._call(self._submit(call.evalsha(), call, key), key, grant)
+        return _replies.read_flag(reply)
 
     # -- waiting without polling -----------------------------------------------------------
 

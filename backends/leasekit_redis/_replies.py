@@ -27,6 +27,7 @@ __all__ = [
     "read_flags",
     "read_lease_value",
     "read_owner",
+    "release_grant_request",
     "release_request",
     "renew_many_request",
     "renew_request",
@@ -87,6 +88,14 @@ def release_request(prefix: bytes, key: str, owner: str, *, publish: bytes = b""
     ``publish`` is the command that tells waiters (``PUBLISH``, ``SPUBLISH``, or none).
     """
     return ScriptCall(_lua.RELEASE, (_keys.lease_name(prefix, key),), (owner.encode(), publish))
+
+
+def release_grant_request(
+    prefix: bytes, key: str, owner: str, token: int, *, publish: bytes = b""
+) -> ScriptCall:
+    """``RELEASE_GRANT``: ``owner``'s lease on ``key`` if its token is ``token``."""
+    lease = _keys.lease_name(prefix, key)
+    return ScriptCall(_lua.RELEASE_GRANT, (lease,), (owner.encode(), b"%d" % token, publish))
 
 
 def renew_request(

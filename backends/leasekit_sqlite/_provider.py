@@ -372,11 +372,16 @@ class SQLiteLeaseProvider(BackendProvider):
         )
 
     def _run(
-        self, work: Callable[[sqlite3.Connection], _T], key: str | None, *, write: bool
+        self,
+        work: Callable[[sqlite3.Connection], _T],
+        key: str | None,
+        *,
+        write: bool,
+        grant: str | None = None,
     ) -> Coroutine[Any, Any, _T]:
         # Not a coroutine of its own: the caller awaits _call's, one frame fewer on
         # every resumption.
-        return self._call(self._in_executor(self._sweeping(work, write=write)), key)
+        return self._call(self._in_executor(self._sweeping(work, write=write)), key, grant)
 
     def _sweeping(
         self, work: Callable[[sqlite3.Connection], _T], *, write: bool
@@ -431,7 +436,10 @@ class SQLiteLeaseProvider(BackendProvider):
     # -- the contract -------------------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return await self._run(_work.acquire(key, owner, ttl_ms), key, write=True)
+        work = _work.acquire(key, owner, ttl_ms)
+        if self._undos:
+            await self._after_undo(key, owner)
+        return await self._run(work, key, write=True, grant=owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._run(_work.owner(key), key, write=False)
@@ -452,6 +460,10 @@ class SQLiteLeaseProvider(BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         await self._run(_work.release(key, owner), key, write=True)
+
+    async def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
+        await self._run(_work.release_grant(key, owner, token), key, write=True)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._run(_work.renew(key, owner, ttl_ms), key, write=True)
@@ -476,7 +488,11 @@ class SQLiteLeaseProvider(BackendProvider):
         return await self._run(work, checked[0][0], write=True)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        return await self._run(_work.transfer(key, from_owner, to_owner, ttl_ms), key, write=True)
+        work = _work.transfer(key, from_owner, to_owner, ttl_ms)
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        return await self._run(work, key, write=True, grant=grant)
 
     # -- beyond the contract -------------------------------------------------------------
 

@@ -99,6 +99,14 @@ RELEASE = f"""
     WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
 """
 
+# :key, :owner, :token. RELEASE of only the grant that carries this fencing token (the
+# undo of a grant whose caller was cancelled, leasekit.backend.SupportsReleaseGrant);
+# another grant of the key, even to the same owner, keeps a different token.
+RELEASE_GRANT = f"""
+    UPDATE leasekit_leases SET expires_at_ms = 0
+    WHERE key = :key AND owner = :owner AND token = :token AND expires_at_ms > {NOW_MS}
+"""
+
 # :key, :from_owner, :to_owner, :ttl_ms. One UPDATE moves ownership: the key is
 # never free in between. Transfer to oneself is a renew and keeps the token.
 TRANSFER = f"""

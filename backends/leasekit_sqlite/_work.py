@@ -22,7 +22,16 @@ from leasekit import LeaseResult, validate_key, validate_owner, validate_ttl_ms
 
 from . import _sql
 
-__all__ = ["Work", "acquire", "owner", "release", "renew", "transaction", "transfer"]
+__all__ = [
+    "Work",
+    "acquire",
+    "owner",
+    "release",
+    "release_grant",
+    "renew",
+    "transaction",
+    "transfer",
+]
 
 _T = TypeVar("_T")
 
@@ -98,6 +107,13 @@ def release(key: str, owner: str) -> Work[bool]:
     validate_key(key)
     validate_owner(owner)
     return _changed(_sql.RELEASE, _sql.key_params(key, owner=owner))
+
+
+def release_grant(key: str, owner: str, token: int) -> Work[bool]:
+    """Free ``key`` if ``owner`` holds it with fencing token ``token``."""
+    validate_key(key)
+    validate_owner(owner)
+    return _changed(_sql.RELEASE_GRANT, {**_sql.key_params(key, owner=owner), "token": token})
 
 
 def renew(key: str, owner: str, ttl_ms: int) -> Work[bool]:

@@ -38,6 +38,7 @@ pytest.register_assert_rewrite(
         for module in (
             "_base",
             "_batch",
+            "_cancellation",
             "_concurrency",
             "_expiry",
             "_fencing",
@@ -55,6 +56,7 @@ pytest.register_assert_rewrite(
 
 from ._base import URL_KEY  # noqa: E402  (after the rewrite registration)
 from ._batch import BATCHED_RENEWAL_CHECKS  # noqa: E402
+from ._cancellation import RELEASE_GRANT_CHECK  # noqa: E402
 from ._suite import LeaseProviderContract  # noqa: E402
 
 WAKE_UP_CHECKS = frozenset(
@@ -67,7 +69,13 @@ WAKE_UP_CHECKS = frozenset(
 )
 """The checks that skip on a backend declaring ``release_notifications=False``."""
 
-__all__ = ["BATCHED_RENEWAL_CHECKS", "WAKE_UP_CHECKS", "LeaseProviderContract", "url_under_test"]
+__all__ = [
+    "BATCHED_RENEWAL_CHECKS",
+    "RELEASE_GRANT_CHECK",
+    "WAKE_UP_CHECKS",
+    "LeaseProviderContract",
+    "url_under_test",
+]
 
 _SUITE_PATH = str(Path(__file__).with_name("_url_suite.py"))
 

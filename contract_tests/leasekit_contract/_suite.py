@@ -8,6 +8,7 @@ from leasekit import LeaseProvider
 
 from ._base import ContractBase, Timing
 from ._batch import BatchedRenewalChecks
+from ._cancellation import CancellationChecks
 from ._concurrency import ConcurrencyChecks
 from ._expiry import ExpiryChecks
 from ._fencing import FencingChecks
@@ -38,6 +39,7 @@ class ModelChecks(ContractBase):
 # pytest collects the base-most class's tests first: listed in reverse reading order,
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
+    CancellationChecks,
     BatchedRenewalChecks,
     LifecycleChecks,
     NotificationChecks,
@@ -79,6 +81,7 @@ class LeaseProviderContract(
     :class:`FencingChecks`, :class:`ConcurrencyChecks` (races, transfer under fire,
     mutual exclusion under churn), :class:`ModelChecks` (stateful property test),
     :class:`NotificationChecks` (wake-ups on release, ``watch_owner``),
-    :class:`LifecycleChecks` (closing) and :class:`BatchedRenewalChecks`
-    (``renew_leases``, for backends that offer it; skipped otherwise).
+    :class:`LifecycleChecks` (closing), :class:`BatchedRenewalChecks`
+    (``renew_leases``, for backends that offer it; skipped otherwise) and
+    :class:`CancellationChecks` (cancels at random points strand no key).
     """

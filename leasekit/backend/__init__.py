@@ -31,6 +31,9 @@ capabilities. Everything else is here, once:
 - :class:`FifoGate`: at most ``size`` holders, waiters served first come, first
   served; in front of a driver pool that lets a newcomer take a freed connection
   before a waiter (asyncmy's), so that waiters are not starved.
+- :meth:`BackendProvider.undo_grant` and the protocols :class:`SupportsUndoGrant` and
+  :class:`SupportsReleaseGrant`: a cancelled or timed-out acquire or transfer that
+  may have landed is released in the background, that grant and no later one.
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -68,6 +71,7 @@ from ._sync import (
     SyncProvider,
     sync_factory,
 )
+from ._undo import SupportsReleaseGrant, SupportsUndoGrant
 from ._urls import (
     Endpoint,
     Option,
@@ -101,11 +105,13 @@ __all__ = [
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
+    "SupportsReleaseGrant",
     "SupportsReleaseNotifications",
     "SupportsRemaining",
     "SupportsRenewMany",
     "SupportsSweep",
     "SupportsSyncProvider",
+    "SupportsUndoGrant",
     "SyncBackendProvider",
     "SyncDeadlines",
     "SyncProvider",

@@ -20,6 +20,11 @@ reply parsing and capabilities. What it gets:
   deadline) for the abandoned calls on its key to settle first.
 - :meth:`~BackendProvider._spawn` for background work (a sweep, a revoke) that
   ``aclose`` drains within ``timeout_s``.
+- the undo of a grant nobody learned of: a call that may grant ``key`` to an owner
+  (acquire, transfer) passes ``grant=owner`` to ``_call`` or ``_call_detached``, after
+  ``await self._after_undo(key, owner)`` when :attr:`_undos` is non-empty. If the
+  caller is cancelled, the grant is released in the background, once the call has
+  settled; :meth:`~BackendProvider.undo_grant` does the same for a timed-out call.
 - a ``repr`` built from :meth:`~BackendProvider._describe`, which must hold no secret
   (use :func:`~leasekit.backend.redact_url`).
 - safety across ``fork()`` and event loops (:mod:`leasekit.backend._fork`): in a forked
@@ -35,21 +40,26 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import logging
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .._capabilities import Capabilities
-from .._errors import LeaseBackendTimeout, LeaseProviderClosed
+from .._contract import LeaseResult, validate_key, validate_owner
+from .._errors import LeaseBackendTimeout, LeaseError, LeaseProviderClosed
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap
 from ._fork import Rebuild, keep_forever, on_fork_in_child, wrap_factories
+from ._undo import UNDOING
 
 __all__ = ["BackendProvider"]
 
 _T = TypeVar("_T")
 _P = TypeVar("_P", bound="BackendProvider")
+
+_log = logging.getLogger("leasekit")
 
 # aclose() gives background work and the client's own close at least this long, even
 # when operations in flight used up the whole timeout.
@@ -67,6 +77,10 @@ class _Forked:
 
 
 _FORKED: Any = _Forked()
+
+# How long after its first release an undo whose call's reply was never read releases
+# again, for a request that was still on its way to the store.
+_UNDO_SETTLE_S = 0.05
 
 
 class BackendProvider:
@@ -101,6 +115,8 @@ class BackendProvider:
     #: a provider whose loop has closed is rebuilt on the next one.
     _loop_bound: ClassVar[bool] = True
 
+    _closed_reason: str = ""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A provider from_url builds can be built again the same way (after a fork).
@@ -115,9 +131,14 @@ class BackendProvider:
         self._drained: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._abandoned: set[asyncio.Future[Any]] = set()
+        # (key, owner) -> the undo of a grant of key to owner that its caller never
+        # learned of; a new grant of the same (key, owner) waits for it (_after_undo).
+        self._undos: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # (key, owner) -> a timed-out grant call still unwinding, for undo_grant.
+        self._unsettled: dict[tuple[str, str], asyncio.Future[Any]] = {}
         # The abandoned detached calls by key, while they unwind: a later call on the
         # key waits for them (see _call_detached).
-        self._unsettled: dict[str, set[asyncio.Future[Any]]] = {}
+        self._abandoned_by_key: dict[str, set[asyncio.Future[Any]]] = {}
         # The loop the client's connections belong to (None until first used).
         self._loop: asyncio.AbstractEventLoop | None = None
         on_fork_in_child(self)
@@ -151,12 +172,10 @@ class BackendProvider:
         A backend calls it before it touches its client outside :meth:`_call` (building
         a request that holds a connection, say).
         """
-        if self._closing:
+        if self._closing and not UNDOING.get():
             raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
         if _running_loop() is not self._loop:
             self._enter_loop()
-
-    _closed_reason: str = ""
 
     def _enter_loop(self) -> None:
         """The provider runs on a loop that is not its client's: first use, a new loop, a fork.
@@ -205,15 +224,18 @@ class BackendProvider:
             f"no answer within {self.timeout_s:g} s{self._where()}", backend=self.backend, key=key
         )
 
-    async def _call(self, awaitable: Awaitable[_T], key: str | None = None) -> _T:
+    async def _call(  # noqa: PLR0912 (one frame per call: every call's hot path)
+        self, awaitable: Awaitable[_T], key: str | None = None, grant: str | None = None
+    ) -> _T:
         """Await one driver call: refused once closed, bounded by ``timeout_s``, errors mapped.
 
         The deadline cancels the call (the driver must unwind promptly when cancelled)
         and raises :class:`~leasekit.LeaseBackendTimeout`; a cancellation from
         elsewhere propagates unchanged. Driver errors become leasekit's through
-        :attr:`errors`, with the driver's exception chained.
+        :attr:`errors`, with the driver's exception chained. ``grant``: the owner the
+        call may grant ``key`` to; cancelled, the call is undone (:meth:`_start_undo`).
         """
-        if self._closing:
+        if self._closing and not UNDOING.get():
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: no "was never awaited" warning
             raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
@@ -230,10 +252,12 @@ class BackendProvider:
         try:
             if watch is None:  # Python 3.10, or called outside a task
                 return await asyncio.wait_for(awaitable, self.timeout_s)
-            return await awaitable
+            result = await awaitable
         except asyncio.CancelledError:
             if deadlines.close(watch):
                 raise self._timeout(key) from None
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, None)
             raise
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
@@ -242,10 +266,13 @@ class BackendProvider:
             self._inflight -= 1
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
+        if watch.task.cancelling() > watch.cancelling:  # type: ignore[union-attr]
+            self._swallowed(key, grant, result)
+        return result
 
     @types.coroutine
-    def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: every call's hot path)
-        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None
+    def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: this is every call's hot path)
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None, grant: str | None = None
     ) -> Generator[Any, Any, _T]:
         """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
 
@@ -259,6 +286,9 @@ class BackendProvider:
         within ``timeout_s``) and its outcome is discarded; the caller goes on at once.
         A failure or cancellation of a future the coroutine awaits, without its task
         being cancelled, is the coroutine's own business and is thrown into it.
+        ``grant``: as for :meth:`_call`; a grant call whose reply had already arrived
+        when its caller was cancelled is resumed rather than cancelled, so the undo
+        knows what it granted.
 
         An abandoned call may still reach the store after the caller went on: its
         request sits in a frozen server's socket, and runs when the server wakes. So
@@ -268,7 +298,7 @@ class BackendProvider:
         could run after the same owner's next acquire had been answered "acquired",
         and end that newer lease (issue 22).
         """
-        if self._closing:
+        if self._closing and not UNDOING.get():
             coroutine.close()
             raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
         if _running_loop() is not self._loop:
@@ -277,15 +307,16 @@ class BackendProvider:
             except BaseException:
                 coroutine.close()
                 raise
-        if self._unsettled and key is not None:
-            earlier = self._unsettled.get(key)
+        if self._abandoned_by_key and key is not None:
+            earlier = self._abandoned_by_key.get(key)
             if earlier:
                 coroutine = _after(set(earlier), coroutine)
         deadlines = self._deadlines
         watch = deadlines.open()
         if watch is None:  # Python 3.10, or called outside a task
-            return (yield from self._call_in_task(coroutine, key).__await__())
+            return (yield from self._call_in_task(coroutine, key, grant).__await__())
         self._inflight += 1
+        abandoned: asyncio.Future[Any] | None = None
         try:
             context = contextvars.copy_context()
             run = context.run
@@ -304,7 +335,12 @@ class BackendProvider:
                     raise
                 except asyncio.CancelledError as exc:
                     if watch.cancel_requested():
-                        self._abandon_coroutine(coroutine, context, key)
+                        abandoned = self._abandon_coroutine(
+                            coroutine,
+                            context,
+                            key,
+                            resume=grant is not None and _answered(yielded),
+                        )
                         raise
                     step, argument = coroutine.throw, exc
                 except BaseException as exc:  # noqa: BLE001 (thrown into the coroutine, as a task does)
@@ -313,7 +349,11 @@ class BackendProvider:
                     step = send
         except asyncio.CancelledError:
             if deadlines.close(watch):
+                if grant is not None and key is not None and abandoned is not None:
+                    self._keep_unsettled(key, grant, abandoned)
                 raise self._timeout(key) from None
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, abandoned)
             raise
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
@@ -323,7 +363,9 @@ class BackendProvider:
             if not self._inflight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
-    async def _call_in_task(self, coroutine: Coroutine[Any, Any, _T], key: str | None) -> _T:
+    async def _call_in_task(
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None, grant: str | None = None
+    ) -> _T:
         """:meth:`_call_detached` where a task's own deadline cannot be used: a task per call."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[_T] = loop.create_future()
@@ -334,12 +376,16 @@ class BackendProvider:
             return await waiter
         except Overdue:
             self._abandon(task, key)
+            if grant is not None and key is not None:
+                self._keep_unsettled(key, grant, task)
             raise self._timeout(key) from None
         except self.errors.types as exc:
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
         except BaseException:
             if not task.done():
                 self._abandon(task, key)  # the caller was cancelled: so is the call
+            if grant is not None and key is not None:
+                self._start_undo(key, grant, task)
             raise
         finally:
             self._deadlines.close(watch)
@@ -352,11 +398,18 @@ class BackendProvider:
         coroutine: Coroutine[Any, Any, Any],
         context: contextvars.Context,
         key: str | None = None,
-    ) -> None:
-        """Cancel a detached call in a task of its own (in its context); ``aclose`` waits."""
+        *,
+        resume: bool = False,
+    ) -> asyncio.Task[Any]:
+        """Cancel a detached call in a task of its own (in its context); ``aclose`` waits.
+
+        With ``resume``, the call goes on instead, its awaited reply handed to it.
+        """
         loop = asyncio.get_running_loop()
-        task = context.run(loop.create_task, _Thrown(coroutine, asyncio.CancelledError()).run())
+        thrown = _Thrown(coroutine, None if resume else asyncio.CancelledError())
+        task = context.run(loop.create_task, thrown.run())
         self._abandon(task, key, cancel=False)
+        return task
 
     def _abandon(
         self, future: asyncio.Future[Any], key: str | None = None, *, cancel: bool = True
@@ -371,15 +424,15 @@ class BackendProvider:
         future.add_done_callback(self._abandoned.discard)
         future.add_done_callback(_consume_outcome)
         if key is not None:
-            self._unsettled.setdefault(key, set()).add(future)
+            self._abandoned_by_key.setdefault(key, set()).add(future)
             future.add_done_callback(functools.partial(self._settled, key))
 
     def _settled(self, key: str, future: asyncio.Future[Any]) -> None:
-        unsettled = self._unsettled.get(key)
+        unsettled = self._abandoned_by_key.get(key)
         if unsettled is not None:
             unsettled.discard(future)
             if not unsettled:
-                del self._unsettled[key]
+                del self._abandoned_by_key[key]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run background work that ``aclose`` drains (then cancels) within ``timeout_s``."""
@@ -388,6 +441,107 @@ class BackendProvider:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_consume_outcome)
         return task
+
+    def _swallowed(self, key: str | None, grant: str | None, result: object) -> NoReturn:
+        """Raise the cancellation a driver swallowed (undoing the grant it answered).
+
+        The driver answered although the caller's task was cancelled meanwhile (Python
+        3.11's ``asyncio.wait_for``, which drivers use to connect, drops a cancellation
+        that races its result): the caller must still be cancelled, and what the call
+        granted is undone, by its token where the backend can.
+        """
+        if grant is not None and key is not None:
+            answered = asyncio.get_running_loop().create_future()
+            answered.set_result(result)
+            self._start_undo(key, grant, answered)
+        raise asyncio.CancelledError
+
+    # -- undoing a grant nobody learned of ------------------------------------------------
+
+    async def _after_undo(self, key: str, owner: str) -> None:
+        """Wait for a pending undo of a grant of ``key`` to ``owner`` (bounded by its own).
+
+        A backend awaits this before it sends a new grant of ``(key, owner)`` (when
+        :attr:`_undos` is non-empty): so an undo can never release a grant made after
+        the one it undoes, not even an idempotent re-acquire that kept the token.
+        """
+        pending = self._undos.get((key, owner))
+        if pending is not None:
+            await asyncio.wait((pending,))
+
+    def undo_grant(self, key: str, owner: str) -> None:
+        """Release, in the background, the grant of ``key`` to ``owner`` if one landed.
+
+        For an acquire or transfer whose outcome is unknown to its caller (it raised
+        :class:`~leasekit.LeaseBackendTimeout`) and that the caller gives up on;
+        :func:`leasekit.hold` calls it then. A cancelled call is undone without being
+        asked. The release waits for the timed-out call to settle, is bounded by
+        ``timeout_s``, and holds back this provider's next grant of ``(key, owner)``
+        until it is done; :meth:`aclose` waits for it.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        self._start_undo(key, owner, self._unsettled.get((key, owner)))
+
+    def _keep_unsettled(self, key: str, owner: str, call: asyncio.Future[Any]) -> None:
+        """Remember a timed-out grant call still unwinding, so an undo can wait for it."""
+        slot = (key, owner)
+        self._unsettled[slot] = call
+
+        def forget(_: object) -> None:
+            if self._unsettled.get(slot) is call:
+                del self._unsettled[slot]
+
+        call.add_done_callback(forget)
+
+    def _start_undo(self, key: str, owner: str, call: asyncio.Future[Any] | None) -> None:
+        """Undo, in the background, what the interrupted grant ``call`` may have granted."""
+        slot = (key, owner)
+        context = contextvars.copy_context()
+        context.run(UNDOING.set, True)
+        undo = self._undo(key, owner, call, self._undos.get(slot))
+        task: asyncio.Task[None] = context.run(self._spawn, undo)
+        self._undos[slot] = task
+
+        def forget(_: object) -> None:
+            if self._undos.get(slot) is task:
+                del self._undos[slot]
+
+        task.add_done_callback(forget)
+
+    async def _undo(
+        self,
+        key: str,
+        owner: str,
+        call: asyncio.Future[Any] | None,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        # After the call has settled (its request can no longer land later) and after
+        # an earlier undo of the same grant, each within timeout_s.
+        for waited in (previous, call):
+            if waited is not None and not waited.done():
+                await asyncio.wait((waited,), timeout=self.timeout_s)
+        granted, token = _granted(call)
+        if not granted:
+            return
+        release_grant = getattr(self, "release_grant", None)
+        try:
+            if token is not None and callable(release_grant):
+                await release_grant(key, owner, token)
+                return
+            # The request may still be on its way (written to a socket the driver then
+            # closed, queued on a server thread): release once more after it had time
+            # to land. Exact all the same: no new grant of (key, owner) is sent meanwhile.
+            await self.release_lease(key, owner)  # type: ignore[attr-defined]
+            await asyncio.sleep(_UNDO_SETTLE_S)
+            await self.release_lease(key, owner)  # type: ignore[attr-defined]
+        except LeaseError as exc:
+            _log.warning(
+                "undoing a cancelled grant of %r to %r failed (%s); it expires after its TTL",
+                key,
+                owner,
+                exc,
+            )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -473,7 +627,7 @@ class _Thrown:
 
     __slots__ = ("_coroutine", "_exc")
 
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], exc: BaseException) -> None:
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], exc: BaseException | None) -> None:
         self._coroutine = coroutine
         self._exc = exc
 
@@ -483,7 +637,8 @@ class _Thrown:
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coroutine = self._coroutine
-        step: Callable[[Any], Any] = coroutine.throw
+        # No exception: resumed with the reply it awaited, which has arrived.
+        step: Callable[[Any], Any] = coroutine.send if self._exc is None else coroutine.throw
         argument: Any = self._exc
         while True:
             try:
@@ -529,6 +684,21 @@ async def _after(earlier: set[asyncio.Future[Any]], coroutine: Coroutine[Any, An
         coroutine.close()
         raise
     return await coroutine
+
+
+def _answered(yielded: object) -> bool:
+    """Whether a suspended call's awaited future holds its reply (so it can go on)."""
+    return isinstance(yielded, asyncio.Future) and yielded.done() and not yielded.cancelled()
+
+
+def _granted(call: asyncio.Future[Any] | None) -> tuple[bool, int | None]:
+    """Whether an interrupted grant call may have granted, and its token if known."""
+    if call is None or not call.done() or call.cancelled() or call.exception() is not None:
+        return True, None  # unknown: assume it landed
+    result = call.result()
+    if isinstance(result, LeaseResult):
+        return result.acquired, result.token
+    return result is not False, None
 
 
 def _consume_outcome(future: asyncio.Future[Any]) -> None:
