@@ -1418,3 +1418,54 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
                 await notifying.release_lease("m", "carol")
                 first = [n.payload async for n in listening.notifies(timeout=30, stop_after=1)]
                 assert [bytes.fromhex(payload).decode() for payload in first] == ["m"]
+
+
+def test_a_blocking_release_abandoned_at_the_timeout_never_ends_a_lease_granted_after_it(
+    private_postgres_server: PostgresServer,
+) -> None:
+    # The blocking twin of the test above. leasekit.sync's provider breaks the
+    # connection at the deadline, so it never learns whether (or when) the frozen server
+    # process runs the release; the next call on the key ends that process first, and
+    # is not sent (a timeout) while the process is still there.
+    server = private_postgres_server
+    url = with_query(server.url, pool_min_size="2", pool_max_size="2", timeout_s="0.5")
+    with leasekit.sync.connect(url) as leases:
+        native = leases._native
+        assert native is not None
+        pool = native._pool  # type: ignore[attr-defined]
+        assert leases.acquire_lease("k", "x", LONG_MS).acquired
+        with pool.connection() as held, pool.connection() as idle:
+            frozen_pid = idle.execute("SELECT pg_backend_pid()").fetchone()[0]
+            assert held.info.backend_pid != frozen_pid
+        # Both back in the pool, the frozen one first in line: the release takes it.
+        os.kill(frozen_pid, signal.SIGSTOP)
+        believed = False
+        try:
+            with pytest.raises(leasekit.LeaseBackendTimeout):
+                leases.release_lease("k", "x")
+            try:
+                again = leases.acquire_lease("k", "x", LONG_MS)
+                believed = again.acquired and leases.renew_lease("k", "x", LONG_MS)
+            except leasekit.LeaseBackendTimeout:
+                pass  # the frozen process did not end in time: nothing was sent
+        finally:
+            os.kill(frozen_pid, signal.SIGCONT)
+        if not believed:
+            believed = leases.acquire_lease("k", "x", LONG_MS).acquired
+            believed = believed and leases.renew_lease("k", "x", LONG_MS)
+        assert believed
+
+        def frozen_process_gone() -> bool:
+            with admin(server.url) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (frozen_pid,)
+                ).fetchone()
+            return row is not None and row[0] == 0
+
+        deadline = time.monotonic() + 10
+        while not frozen_process_gone():  # then no stale statement of it can still run
+            assert time.monotonic() < deadline, "the frozen server process never ended"
+            time.sleep(0.02)
+        assert leases.get_lease_owner("k") == "x"
+        rival = leases.acquire_lease("k", "y", LONG_MS)
+        assert (rival.acquired, rival.owner) == (False, "x")

@@ -82,6 +82,14 @@ class TableName:
         return self.name if self.schema is None else f"{self.schema}.{self.name}"
 
 
+# Ends server process %(pid)s, if it is still there, and waits up to %(wait_ms)s for it to
+# exit (true once it has; PostgreSQL 14+). No row: it was already gone. The blocking
+# provider runs it before the next call on a key whose last call it abandoned at the
+# deadline, whose statement that (frozen) process could otherwise still run.
+END_PROCESS = (
+    b"SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity WHERE pid = %(pid)s"
+)
+
 _EXPIRES_IN = "clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'"
 
 

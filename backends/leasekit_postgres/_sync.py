@@ -77,6 +77,12 @@ def run(conn: psycopg.Connection[Any], operation: _calls.Operation[_T]) -> _T:
         return result
 
 
+def _end_process(pid: int, wait_ms: int) -> _calls.Operation[bool]:
+    """Terminate server process ``pid`` and wait for it: True once it is gone (or was)."""
+    rows = yield _calls.Query(_sql.END_PROCESS, {"pid": pid, "wait_ms": wait_ms}, reads="rows")
+    return not rows or bool(rows[0][0])
+
+
 def _break(conn: psycopg.Connection[Any]) -> None:
     """Shut ``conn``'s socket down (from the watchdog): its blocked read fails at once."""
     fd = conn.pgconn.socket
@@ -123,6 +129,10 @@ class PostgresSyncLeaseProvider(SyncBackendProvider):
         self._ready_lock = threading.Lock()
         self._writes = 0
         self._deadlines = SyncDeadlines(self.timeout_s)
+        # key -> the server process of a call abandoned at its deadline on that key. Its
+        # statement may still sit in that (frozen) process's socket and run when it
+        # wakes, after the caller went on: the next call on the key ends it first.
+        self._abandoned: dict[str, int] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresSyncLeaseProvider:
@@ -163,6 +173,8 @@ class PostgresSyncLeaseProvider(SyncBackendProvider):
         """Run ``operation`` on a pooled connection; once more if that one was dead."""
         if not self._ready:
             self._ensure_ready()
+        if self._abandoned and key is not None and key in self._abandoned:
+            self._end_abandoned(key)
         retried = False
         while True:
             conn: psycopg.Connection[Any] | None = None
@@ -184,10 +196,41 @@ class PostgresSyncLeaseProvider(SyncBackendProvider):
                     raise LeaseProviderClosed(backend=BACKEND) from None
                 raise
 
+    def _end_abandoned(self, key: str) -> None:
+        """End the server process that may still run a call abandoned on ``key``, or raise.
+
+        Ordered as the async provider's calls on a key are: a release abandoned at its
+        deadline against a frozen server process would otherwise run when it wakes,
+        after the same owner's next acquire, and end that newer lease. The process is
+        terminated and waited for (``pg_terminate_backend(pid, timeout)``, PostgreSQL
+        14+); if it is still there at this call's deadline, this call is not sent and
+        raises :class:`~leasekit.LeaseBackendTimeout`, and the next call tries again.
+        """
+        pid = self._abandoned[key]
+        wait_ms = max(1, int(self.timeout_s * 1000 * 0.8))
+        with self._pool.connection() as conn:
+            # Not timed as a call on key: that would note this connection as abandoned.
+            ended = self._bounded(conn, _end_process(pid, wait_ms), None)
+        if not ended:
+            raise LeaseBackendTimeout(
+                f"a call abandoned on this key is still in server process {pid}, which did "
+                f"not end within {self.timeout_s:g} s{self._where()}",
+                backend=BACKEND,
+                key=key,
+            )
+        if self._abandoned.get(key) == pid:
+            del self._abandoned[key]
+
     def _bounded(
         self, conn: psycopg.Connection[Any], operation: _calls.Operation[_T], key: str | None
     ) -> _T:
-        watch = self._deadlines.open(lambda: _break(conn))
+        def expire() -> None:
+            # Noted before the break (a broken connection forgets its server process).
+            if key is not None:
+                self._abandoned[key] = conn.pgconn.backend_pid
+            _break(conn)
+
+        watch = self._deadlines.open(expire)
         try:
             return run(conn, operation)
         except psycopg.Error as exc:
