@@ -217,25 +217,13 @@ class MemoryLeaseProvider:
     async def release_lease(self, key: str, owner: str) -> None:
         validate_key(key)
         validate_owner(owner)
-        store = self._check()
-        with store.lock:
-            lease = store.live(key, store.clock_ns())
-            if lease is None or lease.owner != owner:
-                return
-            del store.leases[key]
-        store.hub.notify(key)
+        _release(self._check(), key, owner, None)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
         validate_key(key)
         validate_owner(owner)
-        store = self._check()
-        with store.lock:
-            lease = store.live(key, store.clock_ns())
-            if lease is None or lease.owner != owner or lease.token != token:
-                return
-            del store.leases[key]
-        store.hub.notify(key)
+        _release(self._check(), key, owner, token)
 
     def undo_grant(self, key: str, owner: str) -> None:
         """Release a grant of ``key`` to ``owner`` nobody learned of (``SupportsUndoGrant``).
@@ -248,13 +236,7 @@ class MemoryLeaseProvider:
         validate_owner(owner)
         if self._closed:
             return
-        store = self._store
-        with store.lock:
-            lease = store.live(key, store.clock_ns())
-            if lease is None or lease.owner != owner:
-                return
-            del store.leases[key]
-        store.hub.notify(key)
+        _release(self._store, key, owner, None)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         validate_key(key)
@@ -341,3 +323,13 @@ class MemoryLeaseProvider:
     def __repr__(self) -> str:
         where = "private" if self.name is None else repr(self.name)
         return f"MemoryLeaseProvider({where}{', closed' if self._closed else ''})"
+
+
+def _release(store: _MemoryStore, key: str, owner: str, token: int | None) -> None:
+    """Free ``key`` if ``owner`` holds it live (with ``token``, when given), and tell waiters."""
+    with store.lock:
+        lease = store.live(key, store.clock_ns())
+        if lease is None or lease.owner != owner or (token is not None and lease.token != token):
+            return
+        del store.leases[key]
+    store.hub.notify(key)

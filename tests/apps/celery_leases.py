@@ -9,10 +9,10 @@ releases.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import celery
+from exclusive import inside
 
 import leasekit
 import leasekit.sync
@@ -39,14 +39,5 @@ def take(key: str) -> dict[str, Any]:
     answer: dict[str, Any] = {"pid": os.getpid(), "key": key}
     with leasekit.sync.hold(leases, key, owner, TTL_MS, wait_s=30.0) as lease:
         answer["token"] = lease.token
-        marker = os.path.join(MARKERS, key)
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            answer["overlap"] = True  # another holder of the same key is inside
-        else:
-            os.close(fd)
-            time.sleep(0.002)
-            answer["still_owner"] = leases.get_lease_owner(key) == owner
-            os.unlink(marker)
+        answer.update(inside(leases, key, owner, MARKERS))
     return answer

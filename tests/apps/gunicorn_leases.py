@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
+
+from exclusive import inside
 
 import leasekit
 import leasekit.sync
@@ -34,16 +35,7 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
     result = leases.acquire_lease(key, owner, TTL_MS)
     answer["acquired"] = result.acquired
     if result.acquired:
-        marker = os.path.join(MARKERS, key)
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            answer["overlap"] = True  # another holder of the same key is inside
-        else:
-            os.close(fd)
-            time.sleep(0.002)
-            answer["still_owner"] = leases.get_lease_owner(key) == owner
-            os.unlink(marker)
+        answer.update(inside(leases, key, owner, MARKERS))
         leases.release_lease(key, owner)
     else:
         answer["holder"] = result.owner
