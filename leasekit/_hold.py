@@ -197,26 +197,32 @@ def _timeout_of(provider: LeaseProvider) -> float:
     return _DEFAULT_TIMEOUT_S
 
 
-async def _uninterrupted(leaving: asyncio.Task[None], bound_s: float) -> None:
-    """Wait for ``leaving`` even if cancelled meanwhile (then re-raise), at most ``bound_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    cancelled: asyncio.CancelledError | None = None
-    while not leaving.done():
-        try:
-            await asyncio.wait((leaving,), timeout=max(0.0, deadline - loop.time()))
-        except asyncio.CancelledError as exc:
-            cancelled = exc  # delivered once leaving is done
-            continue
+async def _uninterrupted(leaving: asyncio.Task[None], bound_s: float, clock: Clock) -> None:
+    """Wait for ``leaving`` even if cancelled meanwhile (then re-raise), at most ``bound_s``.
+
+    The bound runs on the hold's ``clock``: with a fake clock, nothing waits in real time.
+    """
+
+    def give_up() -> None:
         if not leaving.done():
             leaving.cancel()  # bounded: what is left of the release is given up
             leaving.add_done_callback(_retrieve)
-            break
+
+    bound = clock.call_at(clock.monotonic() + bound_s, give_up)
+    cancelled: asyncio.CancelledError | None = None
+    try:
+        while not leaving.done():
+            try:
+                await asyncio.wait((leaving,))
+            except asyncio.CancelledError as exc:  # noqa: PERF203 (rare: a cancel while leaving)
+                cancelled = exc  # delivered once leaving is done
+    finally:
+        bound.cancel()
     if cancelled is not None:
-        if leaving.done() and not leaving.cancelled():
+        if not leaving.cancelled():
             leaving.exception()  # retrieved: the cancellation is what the caller asked for
         raise cancelled
-    if leaving.done() and not leaving.cancelled():
+    if not leaving.cancelled():
         leaving.result()
 
 
@@ -447,7 +453,7 @@ class LeaseHold:
         # key held for its whole TTL. Stopping the renewer and releasing are each
         # bounded by the provider's timeout_s.
         leaving = asyncio.get_running_loop().create_task(self._leave(exc, external_cancel))
-        await _uninterrupted(leaving, 2 * _timeout_of(self._ops) + 1.0)
+        await _uninterrupted(leaving, 2 * _timeout_of(self._ops) + 1.0, self._clock)
 
     async def _leave(self, exc: BaseException | None, external_cancel: bool) -> None:
         await self._stop_renewer()
