@@ -10,7 +10,6 @@ Every task finishes, no key ever has two holders at once, and the worker stops o
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.exclusive import check_answers
+from apps.exclusive import check_answers, stop_on_sigterm
 from faults import PATIENCE_S
 from test_sync import backend_url
 
@@ -63,13 +62,7 @@ def test_celery_prefork_children_share_a_facade_opened_in_the_main_process(
         answers: list[dict[str, Any]] = [result.get(timeout=12 * PATIENCE_S) for result in results]
     finally:
         client.close()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            code = worker.wait(timeout=6 * PATIENCE_S)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-            pytest.fail(f"the Celery worker did not stop on SIGTERM:\n{log.read_text()}")
+        code = stop_on_sigterm(worker, log, "the Celery worker")
     text = log.read_text()
     check_answers(answers, TASKS)
     for key in {a["key"] for a in answers}:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.exclusive import check_answers
+from apps.exclusive import check_answers, stop_on_sigterm
 from faults import PATIENCE_S
 from servers import LOOPBACK, free_port
 from test_sync import backend_url
@@ -85,13 +84,7 @@ def test_gunicorn_preload_workers_share_a_facade_opened_in_the_master(
         with ThreadPoolExecutor(THREADS) as pool:
             answers = list(pool.map(request, range(REQUESTS)))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            code = server.wait(timeout=6 * PATIENCE_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            pytest.fail(f"gunicorn did not stop on SIGTERM:\n{log.read_text()}")
+        code = stop_on_sigterm(server, log, "gunicorn")
     text = log.read_text()
     check_answers(answers, REQUESTS)
     assert "WORKER TIMEOUT" not in text, text

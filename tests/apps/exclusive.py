@@ -7,10 +7,16 @@ Proves exclusivity with a marker file that only one holder at a time can create
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import leasekit.sync
+
+PATIENCE_S = 10.0
+"""As tests/faults.py's (this module is also imported by the apps, outside pytest)."""
 
 
 def inside(
@@ -38,3 +44,16 @@ def check_answers(answers: list[dict[str, Any]], expected: int) -> list[dict[str
     assert all(a["still_owner"] for a in granted)
     assert len({a["pid"] for a in answers}) > 1, "one worker served everything"
     return granted
+
+
+def stop_on_sigterm(process: subprocess.Popen[bytes], log: Path, what: str) -> int:
+    """SIGTERM ``process`` and wait for it (generously); a server that hangs fails the test."""
+    import pytest  # noqa: PLC0415 (the apps import this module without pytest)
+
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=6 * PATIENCE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"{what} did not stop on SIGTERM:\n{log.read_text()}")
