@@ -503,8 +503,10 @@ async def test_operations_after_close_raise_provider_closed(db_path: Path) -> No
 async def test_each_operation_runs_one_statement_and_a_denial_two(db_path: Path) -> None:
     # The deciding statement alone, in autocommit (it takes the write lock as BEGIN
     # IMMEDIATE would): no BEGIN/COMMIT around it and no busy_timeout PRAGMA before it
-    # while the one already set still fits the call's deadline.
-    async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000) as provider:
+    # while the one already set still fits the call's deadline. That is while calls start
+    # within 1% of timeout_s of each other's pace: a long timeout_s keeps a loaded
+    # machine's thread hops (CI saw one over the 50 ms of the default) inside it.
+    async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000, timeout_s=600) as provider:
         assert (await provider.acquire_lease("warm", "a", 60_000)).acquired
         statements: list[str] = []
         assert provider._conn is not None
