@@ -356,9 +356,15 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
 
     async def body() -> None:
         nonlocal renewals
-        renewals = await after_a_renewal(holder)
-        seen["deadline"] = lease.valid_until
-        seen["expiry"] = await asyncio.to_thread(store.expiry_bound)
+        while True:
+            renewals = await after_a_renewal(holder)
+            seen["deadline"] = lease.valid_until
+            seen["expiry"] = await asyncio.to_thread(store.expiry_bound)
+            # The read is current only if no renewal started or landed while it ran (on
+            # a loaded machine it can outlast renew_every_ms): else read again. From
+            # here to the fault there is no await, so none can start in between.
+            if holder.renewed == renewals == holder.renew_calls:
+                break
         fault.start()
         try:
             await forever()
