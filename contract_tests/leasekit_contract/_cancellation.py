@@ -37,8 +37,12 @@ _LATE_UNDO_S = 0.3
 
 
 def _patience_s(provider: object) -> float:
+    # An undo waits for the interrupted call to settle (at most timeout_s), then sends
+    # its release, once more on a timeout (leasekit's toolkit: 3 tries of timeout_s):
+    # waiting only ends this early when a key is still held, and a loaded machine's
+    # busy pool can time out a release.
     timeout_s = getattr(provider, "timeout_s", None)
-    return (timeout_s if isinstance(timeout_s, (int, float)) else 5.0) + 1.0
+    return 5 * (timeout_s if isinstance(timeout_s, (int, float)) else 5.0) + 1.0
 
 
 class _Delays:

@@ -82,6 +82,9 @@ _FORKED: Any = _Forked()
 # again, for a request that was still on its way to the store.
 _UNDO_SETTLE_S = 0.05
 
+# How many times an undo's release is sent when it times out.
+_UNDO_ATTEMPTS = 3
+
 
 class BackendProvider:
     """Base class for lease backends: lifecycle, deadlines and error mapping, once.
@@ -525,23 +528,37 @@ class BackendProvider:
         if not granted:
             return
         release_grant = getattr(self, "release_grant", None)
-        try:
-            if token is not None and callable(release_grant):
-                await release_grant(key, owner, token)
+        failure: LeaseError | None = None
+        # A release that times out (a busy pool, a loaded store) is tried again, up to
+        # _UNDO_ATTEMPTS times, each bounded by timeout_s: what is left held otherwise
+        # stays held for its whole TTL. Exact all the same: no new grant of (key, owner)
+        # is sent meanwhile. aclose() bounds the whole of it.
+        for _ in range(_UNDO_ATTEMPTS):
+            try:
+                if token is not None and callable(release_grant):
+                    await release_grant(key, owner, token)
+                    return
+                # The request may still be on its way (written to a socket the driver
+                # then closed, queued on a server thread): release once more after it
+                # had time to land.
+                await self.release_lease(key, owner)  # type: ignore[attr-defined]
+                await asyncio.sleep(_UNDO_SETTLE_S)
+                await self.release_lease(key, owner)  # type: ignore[attr-defined]
+            except LeaseBackendTimeout as exc:  # noqa: PERF203 (rare: a timed-out undo)
+                failure = exc
+                if self._closing:
+                    break
+            except LeaseError as exc:
+                failure = exc
+                break
+            else:
                 return
-            # The request may still be on its way (written to a socket the driver then
-            # closed, queued on a server thread): release once more after it had time
-            # to land. Exact all the same: no new grant of (key, owner) is sent meanwhile.
-            await self.release_lease(key, owner)  # type: ignore[attr-defined]
-            await asyncio.sleep(_UNDO_SETTLE_S)
-            await self.release_lease(key, owner)  # type: ignore[attr-defined]
-        except LeaseError as exc:
-            _log.warning(
-                "undoing a cancelled grant of %r to %r failed (%s); it expires after its TTL",
-                key,
-                owner,
-                exc,
-            )
+        _log.warning(
+            "undoing a cancelled grant of %r to %r failed (%s); it expires after its TTL",
+            key,
+            owner,
+            failure,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
