@@ -1010,3 +1010,27 @@ async def test_a_cancellation_the_driver_swallowed_is_raised_and_its_grant_undon
             await task
         await _undos_done(provider)
         assert provider.leases == {}
+
+
+class SlowReleaseProvider(LostReplyProvider):
+    """A :class:`LostReplyProvider` whose first ``slow`` releases never answer in time."""
+
+    def __init__(self, *, slow: int) -> None:
+        super().__init__(timeout_s=0.05)
+        self.slow = slow
+
+    async def _release(self, key: str, owner: str, token: int | None = None) -> None:
+        if self.slow > 0:
+            self.slow -= 1
+            await asyncio.Event().wait()  # cut off at timeout_s
+        await super()._release(key, owner, token)
+
+
+async def test_an_undo_whose_release_times_out_sends_it_again() -> None:
+    # A busy pool or a loaded store: the undo's first release times out. Given up then,
+    # the key stayed held for its whole TTL (a CI run's PostgreSQL cancel check).
+    async with SlowReleaseProvider(slow=2) as provider:
+        await _cancelled_after_the_grant(provider, "k", "a")
+        await _undos_done(provider)
+        assert provider.leases == {}
+        assert provider.slow == 0
