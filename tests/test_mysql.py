@@ -389,6 +389,24 @@ async def running_on(url: str, table: str) -> set[int]:
         return {int(thread) for (thread,) in await cursor.fetchall()}
 
 
+@asynccontextmanager
+async def row_locked(url: str, table: str, key: str = "k") -> AsyncIterator[Any]:
+    """A session of its own holding ``key``'s row lock (``FOR UPDATE``) until it commits.
+
+    Yields its cursor: ``await cursor.execute("COMMIT")`` lets the waiting statements on.
+    """
+    locker = await connect_mysql(url)
+    try:
+        async with locker.cursor() as cursor:
+            await cursor.execute("BEGIN")
+            await cursor.execute(
+                f"SELECT * FROM {quoted(table)} WHERE lease_key = %s FOR UPDATE", (key,)
+            )
+            yield cursor
+    finally:
+        locker.close()
+
+
 @pytest.mark.parametrize("who", ["same owner", "takeover"])
 async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
     provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str, who: str
@@ -396,23 +414,15 @@ async def test_a_statement_that_waited_on_a_row_lock_still_grants_a_full_ttl(
     ttl_ms = 5000
     first = await provider.acquire_lease("k", "a", LONG_MS if who == "same owner" else 1)
     owner = "a" if who == "same owner" else "b"
-    locker = await connect_mysql(mysql_url)
-    try:
-        async with locker.cursor() as cursor:
-            await cursor.execute("BEGIN")
-            await cursor.execute(
-                f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
-            )
-            task = asyncio.ensure_future(provider.acquire_lease("k", owner, ttl_ms))
-            await eventually(
-                lambda: running_on(mysql_url, mysql_table), "the acquire to wait for the row lock"
-            )
-            await asyncio.sleep(0.3)  # let it wait a while: NOW(6) would fall behind by this
-            unlocked_at = await one(cursor, "SELECT UTC_TIMESTAMP(6)")
-            await cursor.execute("COMMIT")
+    async with row_locked(mysql_url, mysql_table) as cursor:
+        task = asyncio.ensure_future(provider.acquire_lease("k", owner, ttl_ms))
+        await eventually(
+            lambda: running_on(mysql_url, mysql_table), "the acquire to wait for the row lock"
+        )
+        await asyncio.sleep(0.3)  # let it wait a while: NOW(6) would fall behind by this
+        unlocked_at = await one(cursor, "SELECT UTC_TIMESTAMP(6)")
+        await cursor.execute("COMMIT")
         result = await task
-    finally:
-        locker.close()
     assert result.acquired
     if who == "same owner":
         assert result.token == first.token
@@ -582,42 +592,34 @@ async def test_a_connection_killed_mid_statement_is_retried_except_for_a_transfe
     # The pool drops an idle connection whose socket the server closed; one killed while
     # its statement runs (here: waits on a row lock) fails the statement itself.
     await provider.acquire_lease("k", "a", LONG_MS)
-    locker = await connect_mysql(mysql_url)
-    try:
-        async with locker.cursor() as cursor:
-            await cursor.execute("BEGIN")
-            await cursor.execute(
-                f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
-            )
-            call = (
-                provider.renew_lease("k", "a", LONG_MS)
-                if operation == "renew"
-                else provider.transfer_lease("k", "a", "b", LONG_MS)
-            )
-            task = asyncio.ensure_future(call)
-            waiters: list[int] = []
+    async with row_locked(mysql_url, mysql_table) as cursor:
+        call = (
+            provider.renew_lease("k", "a", LONG_MS)
+            if operation == "renew"
+            else provider.transfer_lease("k", "a", "b", LONG_MS)
+        )
+        task = asyncio.ensure_future(call)
+        waiters: list[int] = []
 
-            async def waits_anew() -> bool:
-                # A killed statement may still be listed for a while, beside its retry.
-                new = await running_on(mysql_url, mysql_table) - set(waiters)
-                waiters.extend(sorted(new))
-                return bool(new)
+        async def waits_anew() -> bool:
+            # A killed statement may still be listed for a while, beside its retry.
+            new = await running_on(mysql_url, mysql_table) - set(waiters)
+            waiters.extend(sorted(new))
+            return bool(new)
 
-            await eventually(waits_anew, "the statement to wait for the row lock")
-            async with admin(mysql_url) as killer:
-                await killer.execute(f"KILL CONNECTION {waiters[0]}")
-            if operation == "transfer":
-                # Not run again: had it run before the connection died, a second run
-                # would answer False for a transfer that happened.
-                with pytest.raises(leasekit.LeaseBackendError) as info:
-                    await task
-                assert not isinstance(info.value, leasekit.LeaseBackendTimeout)  # at once
-                assert info.value.key == "k"
-            else:
-                await eventually(waits_anew, "the renew to wait again on a fresh connection")
-            await cursor.execute("COMMIT")
-    finally:
-        locker.close()
+        await eventually(waits_anew, "the statement to wait for the row lock")
+        async with admin(mysql_url) as killer:
+            await killer.execute(f"KILL CONNECTION {waiters[0]}")
+        if operation == "transfer":
+            # Not run again: had it run before the connection died, a second run
+            # would answer False for a transfer that happened.
+            with pytest.raises(leasekit.LeaseBackendError) as info:
+                await task
+            assert not isinstance(info.value, leasekit.LeaseBackendTimeout)  # at once
+            assert info.value.key == "k"
+        else:
+            await eventually(waits_anew, "the renew to wait again on a fresh connection")
+        await cursor.execute("COMMIT")
     if operation == "renew":
         assert await task is True
     assert await provider.get_lease_owner("k") == "a"
@@ -630,21 +632,13 @@ async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recov
     timeout_s = 0.5
     async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, timeout_s=timeout_s) as p:
         await p.acquire_lease("k", "a", LONG_MS)
-        locker = await connect_mysql(mysql_url)
-        try:
-            async with locker.cursor() as cursor:
-                await cursor.execute("BEGIN")
-                await cursor.execute(
-                    f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
-                )
-                started = time.monotonic()
-                with pytest.raises(leasekit.LeaseBackendTimeout) as info:
-                    await p.renew_lease("k", "a", LONG_MS)
-                assert time.monotonic() - started < timeout_s + SLACK_S
-                assert info.value.key == "k"
-                await cursor.execute("COMMIT")
-        finally:
-            locker.close()
+        async with row_locked(mysql_url, mysql_table) as cursor:
+            started = time.monotonic()
+            with pytest.raises(leasekit.LeaseBackendTimeout) as info:
+                await p.renew_lease("k", "a", LONG_MS)
+            assert time.monotonic() - started < timeout_s + SLACK_S
+            assert info.value.key == "k"
+            await cursor.execute("COMMIT")
         await exercise_every_operation(p, "after-stall")
 
 
@@ -812,29 +806,21 @@ async def test_a_waiter_cancelled_while_waiting_gives_up_its_place_and_leaks_not
         mysql_url, table=mysql_table, pool_max_size=1, sweep_every=0, timeout_s=20
     ) as p:
         await p.acquire_lease("k", "a", LONG_MS)
-        locker = await connect_mysql(mysql_url)
-        try:
-            async with locker.cursor() as cursor:
-                await cursor.execute("BEGIN")
-                await cursor.execute(
-                    f"SELECT * FROM {quoted(mysql_table)} WHERE lease_key = 'k' FOR UPDATE"
-                )
-                # The pool's only connection waits on the row lock ...
-                holder = asyncio.ensure_future(p.renew_lease("k", "a", LONG_MS))
-                await eventually(
-                    lambda: running_on(mysql_url, mysql_table), "the renew to wait on the lock"
-                )
-                # ... while these wait for it; the first two give up.
-                quitters = [asyncio.ensure_future(p.get_lease_owner("k")) for _ in range(2)]
-                stayer = asyncio.ensure_future(p.get_lease_owner("k"))
-                await asyncio.sleep(0.05)
-                for quitter in quitters:
-                    quitter.cancel()
-                await asyncio.gather(*quitters, return_exceptions=True)
-                assert all(quitter.cancelled() for quitter in quitters)
-                await cursor.execute("COMMIT")
-        finally:
-            locker.close()
+        async with row_locked(mysql_url, mysql_table) as cursor:
+            # The pool's only connection waits on the row lock ...
+            holder = asyncio.ensure_future(p.renew_lease("k", "a", LONG_MS))
+            await eventually(
+                lambda: running_on(mysql_url, mysql_table), "the renew to wait on the lock"
+            )
+            # ... while these wait for it; the first two give up.
+            quitters = [asyncio.ensure_future(p.get_lease_owner("k")) for _ in range(2)]
+            stayer = asyncio.ensure_future(p.get_lease_owner("k"))
+            await asyncio.sleep(0.05)
+            for quitter in quitters:
+                quitter.cancel()
+            await asyncio.gather(*quitters, return_exceptions=True)
+            assert all(quitter.cancelled() for quitter in quitters)
+            await cursor.execute("COMMIT")
         assert await holder is True
         assert await stayer == "a"
         pool = p.client
