@@ -75,6 +75,15 @@ def keep_forever(*objects: object) -> None:
     _kept.extend(objects)
 
 
+def callers_client_in_child(backend: str) -> str:
+    """Why a provider on a caller's own client refuses to work in a forked child."""
+    return (
+        f"{backend}: this provider was built in another process on a client of the "
+        "caller's, whose connections belong to that process; build the client and the "
+        "provider in this one (after the fork)"
+    )
+
+
 def _reset_in_child() -> None:
     global _registered_lock  # noqa: PLW0603 (another thread may have held it at the fork)
     _registered_lock = threading.Lock()

@@ -51,7 +51,13 @@ from .._contract import LeaseResult, validate_key, validate_owner
 from .._errors import LeaseBackendTimeout, LeaseError, LeaseProviderClosed
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap
-from ._fork import Rebuild, keep_forever, on_fork_in_child, wrap_factories
+from ._fork import (
+    Rebuild,
+    callers_client_in_child,
+    keep_forever,
+    on_fork_in_child,
+    wrap_factories,
+)
 from ._undo import UNDOING
 
 __all__ = ["BackendProvider"]
@@ -202,11 +208,7 @@ class BackendProvider:
         if rebuild is None:
             if old is _FORKED:
                 self._closing = True
-                self._closed_reason = (
-                    f"{self.backend}: this provider was built in another process on a client "
-                    "of the caller's, whose connections belong to that process; build the "
-                    "client and the provider in this one (after the fork)"
-                )
+                self._closed_reason = callers_client_in_child(self.backend)
                 raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
             self._loop = loop  # the caller's client, on a closed loop: the caller's to rebuild
             return

@@ -40,7 +40,13 @@ from .._capabilities import Capabilities
 from .._contract import LeaseResult
 from .._errors import LeaseProviderClosed
 from ._errors import ErrorMap
-from ._fork import Rebuild, keep_forever, on_fork_in_child, wrap_factories
+from ._fork import (
+    Rebuild,
+    callers_client_in_child,
+    keep_forever,
+    on_fork_in_child,
+    wrap_factories,
+)
 
 __all__ = [
     "SupportsSyncProvider",
@@ -154,11 +160,7 @@ class SyncBackendProvider:
         rebuild = self._rebuild
         if rebuild is None:
             self._closing = True
-            self._closed_reason = (
-                f"{self.backend}: this provider was built in another process on a client of "
-                "the caller's, whose connections belong to that process; build the client "
-                "and the provider in this one (after the fork)"
-            )
+            self._closed_reason = callers_client_in_child(self.backend)
             return
         try:
             fresh = rebuild()
