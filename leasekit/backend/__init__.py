@@ -34,6 +34,9 @@ capabilities. Everything else is here, once:
 - :meth:`BackendProvider.undo_grant` and the protocols :class:`SupportsUndoGrant` and
   :class:`SupportsReleaseGrant`: a cancelled or timed-out acquire or transfer that
   may have landed is released in the background, that grant and no later one.
+- :data:`Operation`, :func:`drive` and :func:`drive_async`: an operation written once
+  as a sans-I/O generator (requests out, replies in), run by an asyncio or a blocking
+  driver.
 - :class:`SupportsRenewMany` and :func:`check_renew_items`: renewing many leases in
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
@@ -55,6 +58,7 @@ from ._notify import (
     SupportsRemaining,
     stop_task,
 )
+from ._operation import Operation, drive, drive_async
 from ._provider import BackendProvider
 from ._records import (
     LeaseRecord,
@@ -93,6 +97,7 @@ __all__ = [
     "FifoGate",
     "ForkAware",
     "LeaseRecord",
+    "Operation",
     "Option",
     "OptionSet",
     "Overdue",
@@ -117,6 +122,8 @@ __all__ = [
     "SyncProvider",
     "check_renew_items",
     "coerce_bool",
+    "drive",
+    "drive_async",
     "keep_forever",
     "map_errors",
     "on_fork_in_child",
