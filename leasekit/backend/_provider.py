@@ -46,17 +46,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from .._capabilities import Capabilities
 from .._contract import LeaseResult, validate_key, validate_owner
 from .._errors import LeaseBackendTimeout, LeaseError, LeaseProviderClosed
+from ._base import ProviderBase
 from ._deadlines import Deadlines, Overdue
-from ._errors import ErrorMap
 from ._fork import (
-    Rebuild,
     callers_client_in_child,
     keep_forever,
-    on_fork_in_child,
-    wrap_factories,
 )
 from ._undo import UNDOING
 
@@ -92,7 +88,7 @@ _UNDO_SETTLE_S = 0.05
 _UNDO_ATTEMPTS = 3
 
 
-class BackendProvider:
+class BackendProvider(ProviderBase):
     """Base class for lease backends: lifecycle, deadlines and error mapping, once.
 
     Subclasses set :attr:`backend` (the name in messages), :attr:`capabilities` (on the
@@ -105,37 +101,19 @@ class BackendProvider:
     backend: leasekit detects providers structurally; this class is a convenience.
     """
 
-    backend: ClassVar[str] = "backend"
-    capabilities: Capabilities = Capabilities()
-    errors: ClassVar[ErrorMap] = ErrorMap({}, backend="backend")
-
     #: A backend with release notifications sets this to its listener (an object with
     #: ``async aclose()``, and ``async break_connection()`` for the suite's lost-channel
     #: check): ``aclose`` closes it first, waking every waiter.
     _release_listener: Any = None
-
-    #: How to build this provider again (set when the backend's ``from_url`` built it;
-    #: a backend whose client is only an address may set it in ``__init__``): used in a
-    #: forked child and on a new event loop. ``None``: built on a caller's own client.
-    _rebuild: Rebuild | None = None
 
     #: Whether the client's connections belong to the event loop they were made on
     #: (asyncio streams do; a backend running its driver in threads sets False): then
     #: a provider whose loop has closed is rebuilt on the next one.
     _loop_bound: ClassVar[bool] = True
 
-    _closed_reason: str = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # A provider from_url builds can be built again the same way (after a fork).
-        wrap_factories(cls)
-
     def __init__(self, *, timeout_s: float, owns_client: bool) -> None:
-        self.timeout_s = timeout_s
-        self._owns_client = owns_client
+        super().__init__(timeout_s=timeout_s, owns_client=owns_client)
         self._deadlines = Deadlines(timeout_s)
-        self._closing = False
         self._inflight = 0
         self._drained: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -150,7 +128,6 @@ class BackendProvider:
         self._abandoned_by_key: dict[str, set[asyncio.Future[Any]]] = {}
         # The loop the client's connections belong to (None until first used).
         self._loop: asyncio.AbstractEventLoop | None = None
-        on_fork_in_child(self)
 
     # -- what subclasses override ---------------------------------------------------------
 
@@ -160,20 +137,7 @@ class BackendProvider:
     async def _close_client(self) -> None:
         """Close the client the provider built; called by ``aclose`` only if it owns one."""
 
-    def _describe(self) -> str:
-        """What ``repr`` shows inside the parentheses; never a password."""
-        return ""
-
-    def _where(self) -> str:
-        """Appended to error messages, such as ``" (server host:6379)"``; never a secret."""
-        return ""
-
     # -- the call path --------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`aclose` has begun: every new operation raises."""
-        return self._closing
 
     def _refuse_if_closed(self) -> None:
         """Raise if closed; on a loop other than the client's, build anew first if need be.
@@ -635,10 +599,6 @@ class BackendProvider:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-    def __repr__(self) -> str:
-        parts = [self._describe()] + (["closed"] if self._closing else [])
-        return f"{type(self).__name__}({', '.join(part for part in parts if part)})"
 
 
 class _Thrown:

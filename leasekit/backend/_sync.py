@@ -34,18 +34,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._capabilities import Capabilities
 from .._contract import LeaseResult
 from .._errors import LeaseProviderClosed
-from ._errors import ErrorMap
+from ._base import ProviderBase
 from ._fork import (
-    Rebuild,
     callers_client_in_child,
     keep_forever,
-    on_fork_in_child,
-    wrap_factories,
 )
 
 __all__ = [
@@ -114,7 +111,7 @@ def sync_factory(backend_class: object) -> Callable[..., SyncProvider] | None:
     return factory if callable(factory) else None
 
 
-class SyncBackendProvider:
+class SyncBackendProvider(ProviderBase):
     """Base class for native blocking providers: closing and error mapping, once.
 
     Subclasses set :attr:`backend`, :attr:`capabilities` and :attr:`errors` (usually
@@ -127,26 +124,6 @@ class SyncBackendProvider:
     timeouts, a pool's wait): :meth:`_call` maps what the driver raises, and a driver
     timeout becomes :class:`~leasekit.LeaseBackendTimeout` through :attr:`errors`.
     """
-
-    backend: ClassVar[str] = "backend"
-    capabilities: Capabilities = Capabilities()
-    errors: ClassVar[ErrorMap] = ErrorMap({}, backend="backend")
-
-    #: How to build this provider again (recorded when the backend's ``from_url`` or
-    #: ``sync_from_url`` built it): in a forked child it is rebuilt at once, without
-    #: touching the parent's connections. ``None``: built on a caller's own client.
-    _rebuild: Rebuild | None = None
-    _closed_reason: str = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        wrap_factories(cls)
-
-    def __init__(self, *, timeout_s: float, owns_client: bool) -> None:
-        self.timeout_s = timeout_s
-        self._owns_client = owns_client
-        self._closing = False
-        on_fork_in_child(self)
 
     def _after_fork_in_child(self) -> None:
         """In a forked child: take a new provider's state, keeping the parent's untouched.
@@ -180,20 +157,7 @@ class SyncBackendProvider:
     def _close_client(self) -> None:
         """Close the client the provider built; called by :meth:`close` only if it owns one."""
 
-    def _describe(self) -> str:
-        """What ``repr`` shows inside the parentheses; never a password."""
-        return ""
-
-    def _where(self) -> str:
-        """Appended to error messages, such as ``" (server host:6379)"``; never a secret."""
-        return ""
-
     # -- the call path --------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` has begun: every new operation raises."""
-        return self._closing
 
     def _refuse_if_closed(self) -> None:
         if self._closing:
@@ -251,10 +215,6 @@ class SyncBackendProvider:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        parts = [self._describe()] + (["closed"] if self._closing else [])
-        return f"{type(self).__name__}({', '.join(part for part in parts if part)})"
 
 
 class _Watch:
