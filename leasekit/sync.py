@@ -40,9 +40,10 @@ from ._errors import (
     LeaseLost,
     LeaseProviderClosed,
 )
-from ._hold import _DEFAULT_MAX_POLL_S, _DEFAULT_POLL_S, LeaseHold
-from ._hold import wait_for as _async_wait_for
+from ._hold import LeaseHold
 from ._registry import BackendRegistry, _validate_require, scheme_of
+from ._waiting import DEFAULT_MAX_POLL_S, DEFAULT_POLL_S
+from ._waiting import wait_for as _async_wait_for
 from ._watch import watch_owner as _async_watch_owner
 from .backend._fork import keep_forever, on_fork_in_child
 from .backend._sync import SyncProvider, sync_factory
@@ -501,8 +502,8 @@ def wait_for(
     ttl_ms: int,
     timeout_s: float | None,
     *,
-    poll_s: float = _DEFAULT_POLL_S,
-    max_poll_s: float = _DEFAULT_MAX_POLL_S,
+    poll_s: float = DEFAULT_POLL_S,
+    max_poll_s: float = DEFAULT_MAX_POLL_S,
 ) -> LeaseResult:
     """The blocking :func:`leasekit.wait_for`: poll until acquired, or raise ``LeaseHeld``."""
     facade = _facade(provider)
