@@ -45,9 +45,11 @@ from ._errors import (
     LeaseProviderClosed,
     StaleFencingToken,
 )
-from ._hold import LeaseHold, hold, new_owner_id, wait_for
+from ._hold import LeaseHold, hold
 from ._memory import MemoryLeaseProvider
+from ._owners import new_owner_id
 from ._registry import BackendInfo, BackendRegistry
+from ._waiting import wait_for
 from ._watch import elect, leaders, watch_owner
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below

@@ -137,6 +137,7 @@ def leasekit_tasks() -> list[asyncio.Task[object]]:
         if name.startswith(
             (
                 "LeaseHold.",
+                "Renewing.",  # LeaseHold's renew loop (leasekit._renewer)
                 "HookedLeaseProvider.",
                 "ScriptedProvider.",
                 "BatchingScriptedProvider.",

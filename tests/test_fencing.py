@@ -30,12 +30,12 @@ from servers import missing_extra
 import leasekit
 from leasekit import InvalidLeaseArgument, StaleFencingToken
 from leasekit.fencing import (
-    _REDIS_FENCED_WRITE,
     MAX_FENCING_TOKEN,
     ensure_sqlite_fence_table,
     fence_sqlite,
     validate_token,
 )
+from leasekit.fencing._redis import _REDIS_FENCED_WRITE
 
 # The SQLite tests always run; the PostgreSQL, MySQL and Redis ones need their extras.
 try:
@@ -1073,13 +1073,13 @@ def test_docs_sqlite_example_refuses_the_paused_writer(tmp_path: Path) -> None:
 
 def test_docs_show_the_statement_the_mysql_guard_runs() -> None:
     text = " ".join(DOCS.read_text(encoding="utf-8").split())
-    statement = leasekit.fencing._mysql_statements(("leasekit_fence",)).fence
+    statement = leasekit.fencing._mysql._mysql_statements(("leasekit_fence",)).fence
     assert " ".join(statement.replace("`leasekit_fence`", "leasekit_fence").split()) in text
 
 
 def test_docs_show_the_statement_the_postgres_guard_runs() -> None:
     text = " ".join(DOCS.read_text(encoding="utf-8").split())
-    statement = leasekit.fencing._postgres_statements(("leasekit_fence",)).fence
+    statement = leasekit.fencing._postgres._postgres_statements(("leasekit_fence",)).fence
     shown = " ".join(
         statement.as_string(None).replace('"leasekit_fence"', "leasekit_fence").split()
     )

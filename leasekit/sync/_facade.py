@@ -1,0 +1,325 @@
+"""The blocking facade, :class:`SyncLeaseProvider`: the five operations, open and close.
+
+It runs a native blocking provider in the calling thread, or an async one on a loop
+thread (:mod:`leasekit.sync._loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from .. import _hooks
+from .._capabilities import Capabilities, capabilities_of
+from .._contract import LeaseProvider, LeaseResult
+from .._errors import LeaseProviderClosed
+from ..backend._fork import keep_forever, on_fork_in_child
+from ..backend._sync import SyncProvider
+from ._loop import LoopThread, stop_abandoned
+
+__all__ = ["SyncLeaseProvider", "facade_of"]
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+class SyncLeaseProvider:
+    """A blocking lease provider over any async one, safe to share between threads.
+
+    Made by :func:`connect` or :func:`wrap`. The five contract operations have the
+    same names, arguments and semantics as on :class:`leasekit.LeaseProvider`, and
+    block the calling thread until done; errors are the same leasekit errors. Use it
+    as a context manager, or call :meth:`close`. After closing, operations raise
+    :class:`leasekit.LeaseProviderClosed`.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], Awaitable[LeaseProvider]],
+        *,
+        owns_provider: bool,
+        thread_name: str = "leasekit-sync",
+        native: SyncProvider | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self._owns = owns_provider
+        self._opened = False
+        self._holds: set[asyncio.Task[None]] = set()
+        self._build = build
+        self._thread_name = thread_name
+        self._native = native
+        self._runner: LoopThread | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._async_provider: LeaseProvider | None = None
+        if native is not None:
+            self.backend: str = native.backend
+        else:
+            # The loop path builds the provider now, so a bad URL raises here.
+            self._loop_runner()
+            self.backend = _hooks.backend_name(self._async_provider)
+        on_fork_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's loop thread, its holds and its locks.
+
+        The thread does not exist here, and its loop's wake-up pipe is shared with the
+        parent: both are kept untouched, and the next call that needs a loop starts one
+        of the child's own. The async provider stays: it builds itself anew on that
+        loop (:class:`leasekit.backend.BackendProvider`); the native provider did so
+        already. Leases the parent holds in :func:`hold` stay the parent's.
+        """
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # its callback would wake the parent's loop
+            self._finalizer = None
+        if self._runner is not None:
+            keep_forever(self._runner)
+            self._runner = None
+        self._holds = set()
+
+    def _loop_runner(self) -> LoopThread:
+        """The loop thread, started (and the async provider built on it) on first need."""
+        runner = self._runner
+        if runner is not None:
+            return runner
+        with self._start_lock:
+            if self._runner is None:
+                if self._closed:
+                    raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
+                runner = LoopThread(self._thread_name)
+                finalizer = weakref.finalize(self, stop_abandoned, runner.loop)
+                if self._async_provider is not None:
+                    # A forked child: the provider was built (and opened) in the parent.
+                    self._finalizer = finalizer
+                    self._runner = runner
+                    return runner
+                try:
+                    built = asyncio.run_coroutine_threadsafe(_call(self._build), runner.loop)
+                    self._async_provider = provider = self._wait(built)
+                    enter = getattr(provider, "__aenter__", None)
+                    if self._native is not None and self._owns and enter is not None:
+                        # Built for a native facade, which is open: open it too, as
+                        # `with` opens the loop path's provider.
+                        opened = asyncio.run_coroutine_threadsafe(_call(enter), runner.loop)
+                        self._wait(opened)
+                except BaseException:
+                    finalizer.detach()
+                    runner.stop()
+                    raise
+                self._finalizer = finalizer
+                self._runner = runner
+            return self._runner
+
+    @property
+    def native(self) -> bool:
+        """True when the five operations run on the backend's own blocking client.
+
+        Then no thread is started for them; :meth:`run`, :attr:`provider`,
+        :func:`hold`, :func:`wait_for` and :func:`watch_owner` still use the async
+        provider, built on a loop thread the first time one of them is called.
+        """
+        return self._native is not None
+
+    @property
+    def provider(self) -> LeaseProvider:
+        """The async provider underneath; use it only on this facade's loop (see :meth:`run`).
+
+        On a native facade, the first access starts the loop thread and builds it.
+        """
+        self._loop_runner()
+        assert self._async_provider is not None
+        return self._async_provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The provider's declared capabilities."""
+        if self._native is not None:
+            return self._native.capabilities
+        return capabilities_of(self.provider)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._closed
+
+    # -- running on the loop ---------------------------------------------------------------
+
+    def _submit(
+        self, coro: Coroutine[Any, Any, _T], *, internal: bool = False
+    ) -> concurrent.futures.Future[_T]:
+        try:
+            runner = self._loop_runner()
+        except BaseException:
+            coro.close()
+            raise
+        if runner.in_loop_thread():
+            coro.close()
+            raise RuntimeError(
+                "a leasekit.sync call was made from the facade's own event-loop thread "
+                "(from a hook?); it would wait for itself forever"
+            )
+        # Submitting under the lock orders every submission before close() stops the
+        # loop, so no call is queued on a loop that will never run it.
+        with self._lock:
+            if self._closed and not internal:
+                coro.close()
+                raise LeaseProviderClosed(backend=getattr(self, "backend", "sync"))
+            return asyncio.run_coroutine_threadsafe(coro, runner.loop)
+
+    def _wait(self, future: concurrent.futures.Future[_T]) -> _T:
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            # Cancelled by close() from another thread, or by a Ctrl-C in this one.
+            raise LeaseProviderClosed(backend=getattr(self, "backend", "sync")) from None
+        except BaseException:
+            future.cancel()  # KeyboardInterrupt while waiting: stop the operation too
+            raise
+
+    def _run_coroutine(self, coro: Coroutine[Any, Any, _T], *, internal: bool = False) -> _T:
+        return self._wait(self._submit(coro, internal=internal))
+
+    def run(self, fn: Callable[_P, Awaitable[_T]], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run ``await fn(*args, **kwargs)`` on the facade's loop and return its result.
+
+        For what the facade does not wrap, such as a backend's extras:
+        ``leases.run(leases.provider.inspect)`` on SQLite.
+        """
+        return self._run_coroutine(_call(fn, *args, **kwargs))
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        """Blocking :meth:`leasekit.LeaseProvider.acquire_lease`."""
+        native = self._native
+        if native is not None:
+            return native.acquire_lease(key, owner, ttl_ms)
+        return self.run(self.provider.acquire_lease, key, owner, ttl_ms)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        """Blocking :meth:`leasekit.LeaseProvider.get_lease_owner`."""
+        native = self._native
+        if native is not None:
+            return native.get_lease_owner(key)
+        return self.run(self.provider.get_lease_owner, key)
+
+    def release_lease(self, key: str, owner: str) -> None:
+        """Blocking :meth:`leasekit.LeaseProvider.release_lease`."""
+        native = self._native
+        if native is not None:
+            return native.release_lease(key, owner)
+        return self.run(self.provider.release_lease, key, owner)
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.LeaseProvider.renew_lease`."""
+        native = self._native
+        if native is not None:
+            return native.renew_lease(key, owner, ttl_ms)
+        return self.run(self.provider.renew_lease, key, owner, ttl_ms)
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.LeaseProvider.transfer_lease`."""
+        native = self._native
+        if native is not None:
+            return native.transfer_lease(key, from_owner, to_owner, ttl_ms)
+        return self.run(self.provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> SyncLeaseProvider:
+        """Open the provider's connections now (what ``with`` does); returns self.
+
+        Only for providers the facade owns (from :func:`connect`); for a wrapped
+        provider the caller opens and closes it.
+        """
+        if self._owns and not self._opened:
+            if self._native is not None:
+                if self._closed:
+                    raise LeaseProviderClosed(backend=self.backend)
+                self._native.open()
+            else:
+                enter = getattr(self.provider, "__aenter__", None)
+                if enter is not None:
+                    self.run(enter)
+            self._opened = True
+        return self
+
+    def close(self) -> None:
+        """Stop every hold, close the provider (if the facade owns it), stop the thread.
+
+        Leases still held in :func:`hold` blocks of other threads are released first
+        and those holds are marked lost. Idempotent; safe from any thread but the
+        facade's own loop thread.
+        """
+        runner = self._runner
+        if runner is not None and runner.in_loop_thread():
+            raise RuntimeError("close() cannot run on the facade's own event-loop thread")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self._native is not None and self._owns:
+                self._native.close()
+        finally:
+            # No loop thread starts from now on (_loop_runner sees _closed); one that
+            # is starting has finished once this lock is ours.
+            with self._start_lock:
+                runner = self._runner
+            if runner is not None:
+                try:
+                    self._run_coroutine(self._shutdown(), internal=True)
+                finally:
+                    if self._finalizer is not None:
+                        self._finalizer.detach()
+                    runner.stop()
+
+    async def _shutdown(self) -> None:
+        holds = list(self._holds)
+        for task in holds:
+            task.cancel()
+        if holds:
+            await asyncio.wait(holds)
+        if self._owns:
+            close = getattr(self._async_provider, "aclose", None)
+            if close is not None:
+                await close()
+
+    def __enter__(self) -> SyncLeaseProvider:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._closed else ""
+        inner = self._native if self._native is not None else self._async_provider
+        return f"<SyncLeaseProvider {inner!r}{state}>"
+
+
+async def _call(fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
+    # Even calling fn happens on the loop: a provider method may do work before its
+    # first await, or be a plain function returning an awaitable.
+    return await fn(*args, **kwargs)
+
+
+def facade_of(provider: object) -> SyncLeaseProvider:
+    if not isinstance(provider, SyncLeaseProvider):
+        raise TypeError(
+            f"expected a leasekit.sync facade, got {type(provider).__name__}; make one with "
+            "leasekit.sync.connect(url) or leasekit.sync.wrap(async_provider)"
+        )
+    return provider
