@@ -50,7 +50,6 @@ KNOWN_LONG_MODULES: list[str] = [
     "backends/leasekit_sqlite/_provider.py",
     "leasekit/_bench/_runner.py",
     "leasekit/_cli.py",
-    "leasekit/backend/_provider.py",
 ]
 
 

@@ -1,5 +1,8 @@
 """``BackendProvider``: the lifecycle, deadline and error path every backend shares.
 
+One module, over 500 lines: the call path, its deadlines, the undo of unknown grants and
+closing work on one shared state, so they stay in one class.
+
 A backend subclasses it and keeps only its atomic mechanism: statements or scripts,
 reply parsing and capabilities. What it gets:
 
