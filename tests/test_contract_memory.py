@@ -1,5 +1,7 @@
 """The conformance suite against ``memory://``, through the mixin and through the plugin.
 
+Through both drivers: the async provider, and ``leasekit.sync.connect`` (the facade
+running the async provider on its loop thread: memory has no native blocking provider).
 ``memory://`` is not shared across processes, so the suite's two multi-process checks
 skip here; ``test_contract_sqlite.py`` runs them.
 """
@@ -18,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leasekit_contract import LeaseProviderContract
+from leasekit_contract import BlockingLeaseProviderContract, LeaseProviderContract
 
 import leasekit
+import leasekit.sync
 from leasekit import LeaseProvider
 from leasekit.testing import FakeClock
 
@@ -40,6 +43,12 @@ class TestMemoryBackend(LeaseProviderContract):
     @pytest.fixture
     def provider_factory(self, memory_url: str) -> Callable[[], LeaseProvider]:
         return functools.partial(leasekit.connect, memory_url)
+
+
+class TestMemoryBackendBlocking(BlockingLeaseProviderContract):
+    @pytest.fixture
+    def blocking_factory(self) -> Callable[[], leasekit.sync.SyncLeaseProvider]:
+        return functools.partial(leasekit.sync.connect, f"memory://contract-{uuid.uuid4().hex}")
 
 
 class TestMemoryOnATickingFakeClock(LeaseProviderContract):
