@@ -15,12 +15,19 @@ import subprocess
 import sys
 import uuid
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from leasekit_contract import BlockingLeaseProviderContract, LeaseProviderContract
+from leasekit_contract import (
+    BATCHED_RENEWAL_CHECKS,
+    BLOCKING_DRIVER_REASON,
+    BLOCKING_DRIVER_SKIPS,
+    BlockingLeaseProviderContract,
+    LeaseProviderContract,
+)
 
 import leasekit
 import leasekit.sync
@@ -64,11 +71,12 @@ class TestMemoryOnATickingFakeClock(LeaseProviderContract):
 # -- memory:// through the plugin ------------------------------------------------------
 
 
-def suite_size() -> int:
-    """How many tests ``LeaseProviderContract`` holds, parametrizations included."""
+def suite_size(only: str | None = None) -> int:
+    """How many tests ``LeaseProviderContract`` holds (or its check ``only`` has),
+    parametrizations included."""
     size = 0
     for name in dir(LeaseProviderContract):
-        if name.startswith("test_"):
+        if name.startswith("test_") and only in (None, name):
             count = 1
             for mark in getattr(getattr(LeaseProviderContract, name), "pytestmark", []):
                 if mark.name == "parametrize":
@@ -119,17 +127,38 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     counts = {
         name: int(suite.get(name, "0")) for name in ["tests", "failures", "errors", "skipped"]
     }
-    # The two multi-process checks skip (memory:// is not shared across processes), and
-    # so does the lost-channel check, which needs a fixture a URL cannot give.
-    assert counts == {"tests": suite_size(), "failures": 0, "errors": 0, "skipped": 3}, output
-    skips = {skip.get("message", "") for skip in suite.iter("skipped")}
-    assert skips == {
-        "the backend declares shared_across_processes=False",
-        "override the 'break_notifications' fixture to run this check",
-    }, skips
-    classes = {case.get("classname", "") for case in suite.iter("testcase")}
-    assert len(classes) == 1, classes
-    assert classes.pop().endswith("TestLeaseProviderAtURL"), output
+    by_class: dict[str, list[ET.Element]] = {}
+    for case in suite.iter("testcase"):
+        by_class.setdefault(case.get("classname", "").rpartition(".")[2], []).append(case)
+    assert set(by_class) == {"TestLeaseProviderAtURL", "TestLeaseProviderAtURLBlocking"}, output
+    # Through the async driver, the two multi-process checks skip (memory:// is not
+    # shared across processes), and so does the lost-channel check, which needs a
+    # fixture a URL cannot give.
+    assert len(by_class["TestLeaseProviderAtURL"]) == suite_size()
+    assert skips_of(by_class["TestLeaseProviderAtURL"]) == {
+        "the backend declares shared_across_processes=False": 2,
+        "override the 'break_notifications' fixture to run this check": 1,
+    }
+    # Through the blocking driver (leasekit.sync's facade over memory://): the suite and
+    # the blocking provider's two lifecycle checks; the same two multi-process checks,
+    # the checks that cannot apply to a blocking call, and the extras the facade does not
+    # offer (renew_leases, release_grant) skip.
+    assert len(by_class["TestLeaseProviderAtURLBlocking"]) == suite_size() + 2
+    assert skips_of(by_class["TestLeaseProviderAtURLBlocking"]) == {
+        "the backend declares shared_across_processes=False": 2,
+        BLOCKING_DRIVER_REASON: sum(suite_size(name) for name in BLOCKING_DRIVER_SKIPS),
+        "the backend has no renew_leases (leasekit.backend.SupportsRenewMany)": sum(
+            suite_size(name) for name in BATCHED_RENEWAL_CHECKS
+        ),
+        "the backend does not offer release_grant (SupportsReleaseGrant)": 1,
+    }
+    assert counts["tests"] == 2 * suite_size() + 2, output
+    assert counts["failures"] == counts["errors"] == 0, output
+
+
+def skips_of(cases: list[ET.Element]) -> dict[str, int]:
+    """How many of ``cases`` skipped, by reason."""
+    return dict(Counter(skip.get("message", "") for case in cases for skip in case.iter("skipped")))
 
 
 # -- the suite on a store that stalls: a slow machine must not fail a correct backend -----

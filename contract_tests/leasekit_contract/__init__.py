@@ -16,6 +16,7 @@ entry point: it would add options to every pytest run in every environment)::
     pytest -p leasekit_contract --leasekit-url redis://localhost:6379/0
 
 runs the whole suite, and nothing else, against the backend ``leasekit.connect(URL)``
+opens, and again through the blocking driver on what ``leasekit.sync.connect(URL)``
 opens. A bare ``memory://`` becomes a named ``memory://leasekit-check-...`` store so
 the suite's reconnect checks can reach it.
 """
