@@ -117,7 +117,7 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     output = completed.stdout + completed.stderr
