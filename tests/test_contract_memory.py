@@ -13,6 +13,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 import uuid
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -26,6 +27,7 @@ from leasekit_contract import (
     BLOCKING_DRIVER_REASON,
     BLOCKING_DRIVER_SKIPS,
     BlockingLeaseProviderContract,
+    BlockingProviderAsAsync,
     LeaseProviderContract,
 )
 
@@ -211,3 +213,40 @@ async def test_checks_that_need_a_short_lease_live_pass_on_a_stalling_store(chec
         assert isinstance(memory, leasekit.MemoryLeaseProvider)
         stalling = StallingProvider(memory, stall_s=0.15)
         await getattr(LeaseProviderContract(), check)(stalling)
+
+
+# -- the blocking driver's adapter ---------------------------------------------------------
+
+
+class BarrierBlockingProvider:
+    """``leasekit.sync``'s facade over ``memory://`` whose reads first meet at a barrier:
+    they only return if ``parties`` of them run at the same time, in different threads."""
+
+    def __init__(self, inner: leasekit.sync.SyncLeaseProvider, parties: int) -> None:
+        self.inner = inner
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.threads: set[int] = set()
+        self.capabilities = inner.capabilities
+
+    def get_lease_owner(self, key: str) -> str | None:
+        self.threads.add(threading.get_ident())
+        self.barrier.wait()
+        return self.inner.get_lease_owner(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.anyio
+async def test_the_blocking_adapter_runs_concurrent_calls_in_threads_at_once() -> None:
+    # The concurrency checks race tasks; through the blocking driver those must be
+    # blocking calls running at the same time, or the checks would prove nothing.
+    parties = 16
+    blocking = BarrierBlockingProvider(leasekit.sync.connect("memory://"), parties)
+    async with BlockingProviderAsAsync(blocking) as provider:  # type: ignore[arg-type]
+        owners = await asyncio.gather(*(provider.get_lease_owner(f"k{i}") for i in range(parties)))
+        assert owners == [None] * parties
+        assert len(blocking.threads) == parties
+        assert provider.capabilities == blocking.capabilities
+        assert repr(blocking) in repr(provider)  # the adapter names what it drives
+    assert blocking.inner.closed
