@@ -297,7 +297,7 @@ def test_check_runs_the_conformance_suite_and_leaves_nothing_behind(tmp_path: Pa
         [sys.executable, "-m", "leasekit", "check", "memory://", "-k", "release"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the selected checks run twice, through both drivers
         check=False,
         cwd=tmp_path,
     )

@@ -1,5 +1,7 @@
 """The conformance suite against ``memory://``, through the mixin and through the plugin.
 
+Through both drivers: the async provider, and ``leasekit.sync.connect`` (the facade
+running the async provider on its loop thread: memory has no native blocking provider).
 ``memory://`` is not shared across processes, so the suite's two multi-process checks
 skip here; ``test_contract_sqlite.py`` runs them.
 """
@@ -11,16 +13,26 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 import uuid
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from leasekit_contract import LeaseProviderContract
+from leasekit_contract import (
+    BATCHED_RENEWAL_CHECKS,
+    BLOCKING_DRIVER_REASON,
+    BLOCKING_DRIVER_SKIPS,
+    BlockingLeaseProviderContract,
+    BlockingProviderAsAsync,
+    LeaseProviderContract,
+)
 
 import leasekit
+import leasekit.sync
 from leasekit import LeaseProvider
 from leasekit.testing import FakeClock
 
@@ -42,6 +54,12 @@ class TestMemoryBackend(LeaseProviderContract):
         return functools.partial(leasekit.connect, memory_url)
 
 
+class TestMemoryBackendBlocking(BlockingLeaseProviderContract):
+    @pytest.fixture
+    def blocking_factory(self) -> Callable[[], leasekit.sync.SyncLeaseProvider]:
+        return functools.partial(leasekit.sync.connect, f"memory://contract-{uuid.uuid4().hex}")
+
+
 class TestMemoryOnATickingFakeClock(LeaseProviderContract):
     """The memory store on a ``leasekit.testing.FakeClock``: the suite waits in real time,
     so the clock ticks with it (and a test may still jump it forward with advance())."""
@@ -55,11 +73,12 @@ class TestMemoryOnATickingFakeClock(LeaseProviderContract):
 # -- memory:// through the plugin ------------------------------------------------------
 
 
-def suite_size() -> int:
-    """How many tests ``LeaseProviderContract`` holds, parametrizations included."""
+def suite_size(only: str | None = None) -> int:
+    """How many tests ``LeaseProviderContract`` holds (or its check ``only`` has),
+    parametrizations included."""
     size = 0
     for name in dir(LeaseProviderContract):
-        if name.startswith("test_"):
+        if name.startswith("test_") and only in (None, name):
             count = 1
             for mark in getattr(getattr(LeaseProviderContract, name), "pytestmark", []):
                 if mark.name == "parametrize":
@@ -100,7 +119,7 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     output = completed.stdout + completed.stderr
@@ -110,17 +129,38 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     counts = {
         name: int(suite.get(name, "0")) for name in ["tests", "failures", "errors", "skipped"]
     }
-    # The two multi-process checks skip (memory:// is not shared across processes), and
-    # so does the lost-channel check, which needs a fixture a URL cannot give.
-    assert counts == {"tests": suite_size(), "failures": 0, "errors": 0, "skipped": 3}, output
-    skips = {skip.get("message", "") for skip in suite.iter("skipped")}
-    assert skips == {
-        "the backend declares shared_across_processes=False",
-        "override the 'break_notifications' fixture to run this check",
-    }, skips
-    classes = {case.get("classname", "") for case in suite.iter("testcase")}
-    assert len(classes) == 1, classes
-    assert classes.pop().endswith("TestLeaseProviderAtURL"), output
+    by_class: dict[str, list[ET.Element]] = {}
+    for case in suite.iter("testcase"):
+        by_class.setdefault(case.get("classname", "").rpartition(".")[2], []).append(case)
+    assert set(by_class) == {"TestLeaseProviderAtURL", "TestLeaseProviderAtURLBlocking"}, output
+    # Through the async driver, the two multi-process checks skip (memory:// is not
+    # shared across processes), and so does the lost-channel check, which needs a
+    # fixture a URL cannot give.
+    assert len(by_class["TestLeaseProviderAtURL"]) == suite_size()
+    assert skips_of(by_class["TestLeaseProviderAtURL"]) == {
+        "the backend declares shared_across_processes=False": 2,
+        "override the 'break_notifications' fixture to run this check": 1,
+    }
+    # Through the blocking driver (leasekit.sync's facade over memory://): the suite and
+    # the blocking provider's two lifecycle checks; the same two multi-process checks,
+    # the checks that cannot apply to a blocking call, and the extras the facade does not
+    # offer (renew_leases, release_grant) skip.
+    assert len(by_class["TestLeaseProviderAtURLBlocking"]) == suite_size() + 2
+    assert skips_of(by_class["TestLeaseProviderAtURLBlocking"]) == {
+        "the backend declares shared_across_processes=False": 2,
+        BLOCKING_DRIVER_REASON: sum(suite_size(name) for name in BLOCKING_DRIVER_SKIPS),
+        "the backend has no renew_leases (leasekit.backend.SupportsRenewMany)": sum(
+            suite_size(name) for name in BATCHED_RENEWAL_CHECKS
+        ),
+        "the backend does not offer release_grant (SupportsReleaseGrant)": 1,
+    }
+    assert counts["tests"] == 2 * suite_size() + 2, output
+    assert counts["failures"] == counts["errors"] == 0, output
+
+
+def skips_of(cases: list[ET.Element]) -> dict[str, int]:
+    """How many of ``cases`` skipped, by reason."""
+    return dict(Counter(skip.get("message", "") for case in cases for skip in case.iter("skipped")))
 
 
 # -- the suite on a store that stalls: a slow machine must not fail a correct backend -----
@@ -173,3 +213,40 @@ async def test_checks_that_need_a_short_lease_live_pass_on_a_stalling_store(chec
         assert isinstance(memory, leasekit.MemoryLeaseProvider)
         stalling = StallingProvider(memory, stall_s=0.15)
         await getattr(LeaseProviderContract(), check)(stalling)
+
+
+# -- the blocking driver's adapter ---------------------------------------------------------
+
+
+class BarrierBlockingProvider:
+    """``leasekit.sync``'s facade over ``memory://`` whose reads first meet at a barrier:
+    they only return if ``parties`` of them run at the same time, in different threads."""
+
+    def __init__(self, inner: leasekit.sync.SyncLeaseProvider, parties: int) -> None:
+        self.inner = inner
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.threads: set[int] = set()
+        self.capabilities = inner.capabilities
+
+    def get_lease_owner(self, key: str) -> str | None:
+        self.threads.add(threading.get_ident())
+        self.barrier.wait()
+        return self.inner.get_lease_owner(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.anyio
+async def test_the_blocking_adapter_runs_concurrent_calls_in_threads_at_once() -> None:
+    # The concurrency checks race tasks; through the blocking driver those must be
+    # blocking calls running at the same time, or the checks would prove nothing.
+    parties = 16
+    blocking = BarrierBlockingProvider(leasekit.sync.connect("memory://"), parties)
+    async with BlockingProviderAsAsync(blocking) as provider:  # type: ignore[arg-type]
+        owners = await asyncio.gather(*(provider.get_lease_owner(f"k{i}") for i in range(parties)))
+        assert owners == [None] * parties
+        assert len(blocking.threads) == parties
+        assert provider.capabilities == blocking.capabilities
+        assert repr(blocking) in repr(provider)  # the adapter names what it drives
+    assert blocking.inner.closed

@@ -1,8 +1,11 @@
 """The conformance suite, unchanged, against MariaDB (or MySQL): a fresh table per test.
 
-Three times: on the provider's own pool (as ``leasekit.connect`` builds it), with the
-``clock`` token source that MySQL uses (on the same server), and on a caller's pool of
-one connection that every task of the test shares.
+Through the async driver three times: on the provider's own pool (as
+``leasekit.connect`` builds it), with the ``clock`` token source that MySQL uses (on
+the same server), and on a caller's pool of one connection that every task of the test
+shares; and through the blocking driver, on what ``leasekit.sync.connect`` opens (the
+backend's native blocking provider where it has one, otherwise the facade running the
+async provider on its loop thread).
 
 The server is this run's own (``tests/servers.py``) or ``$LEASEKIT_TEST_MYSQL_URL``;
 tables live in a database of the run's own, dropped at the end.
@@ -17,13 +20,14 @@ import pytest
 from servers import missing_extra
 
 import leasekit
+import leasekit.sync
 
 try:
     import asyncmy
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("mysql", "the MySQL tests")
 
-from leasekit_contract import LeaseProviderContract
+from leasekit_contract import BlockingLeaseProviderContract, LeaseProviderContract
 from leasekit_mysql import MySQLLeaseProvider
 
 from leasekit.backend import parse_url
@@ -44,6 +48,16 @@ class TestMySQLContract(LeaseProviderContract):
         self, mysql_url: str, mysql_table: str
     ) -> Callable[[], leasekit.ManagedLeaseProvider]:
         return functools.partial(leasekit.connect, mysql_url, table=mysql_table)
+
+
+class TestMySQLContractBlocking(BlockingLeaseProviderContract):
+    """The whole suite through ``leasekit.sync.connect``, one table per test."""
+
+    @pytest.fixture
+    def blocking_factory(
+        self, mysql_url: str, mysql_table: str
+    ) -> Callable[[], leasekit.sync.SyncLeaseProvider]:
+        return functools.partial(leasekit.sync.connect, mysql_url, table=mysql_table)
 
 
 class TestMySQLContractClockTokens(LeaseProviderContract):

@@ -1,7 +1,9 @@
 """The conformance suite, unchanged, against PostgreSQL: a fresh table per test.
 
-Twice: on the provider's own pool (as ``leasekit.connect`` builds it), and on a caller's
-single connection that every task of the test shares.
+Through the async driver twice: on the provider's own pool (as ``leasekit.connect``
+builds it), and on a caller's single connection that every task of the test shares;
+and through the blocking driver, on the native blocking provider that
+``leasekit.sync.connect`` opens (``PostgresSyncLeaseProvider``).
 
 The server is this run's own (``tests/servers.py``) or ``$LEASEKIT_TEST_POSTGRES_URL``;
 tables live in a schema of the run's own, dropped at the end.
@@ -16,13 +18,14 @@ import pytest
 from servers import missing_extra
 
 import leasekit
+import leasekit.sync
 
 try:
     import psycopg
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
-from leasekit_contract import LeaseProviderContract
+from leasekit_contract import BlockingLeaseProviderContract, LeaseProviderContract
 from leasekit_postgres import PostgresLeaseProvider
 
 
@@ -48,6 +51,16 @@ class TestPostgresContract(LeaseProviderContract):
             await provider.break_notifications()
 
         return cut
+
+
+class TestPostgresContractBlocking(BlockingLeaseProviderContract):
+    """The whole suite through ``leasekit.sync.connect``, one table per test."""
+
+    @pytest.fixture
+    def blocking_factory(
+        self, postgres_url: str, postgres_table: str
+    ) -> Callable[[], leasekit.sync.SyncLeaseProvider]:
+        return functools.partial(leasekit.sync.connect, postgres_url, table=postgres_table)
 
 
 class TestPostgresContractOnOneConnection(LeaseProviderContract):

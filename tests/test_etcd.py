@@ -1,16 +1,16 @@
-"""The etcd backend on a single member: the conformance suite, then URLs and options,
-binary-safe names, fencing across restarts, no leaked etcd leases, round trips per
-operation, and faults (a paused, killed or restarted server).
+"""The etcd backend on a single member: URLs and options, binary-safe names, fencing
+across restarts, no leaked etcd leases, round trips per operation, and faults (a
+paused, killed or restarted server).
 
 Servers come from the harness in ``tests/servers.py`` via ``conftest.py``; the
-three-member cluster tests are in ``test_etcd_cluster.py``.
+three-member cluster tests are in ``test_etcd_cluster.py``, the conformance suite
+(one member and three) in ``test_contract_etcd.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import re
 import shutil
 import socket
@@ -40,42 +40,12 @@ try:
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("etcd", "the etcd tests")
 
-from leasekit_contract import LeaseProviderContract
 from leasekit_etcd import EtcdLeaseProvider, LeaseRecord
 
 pytestmark = pytest.mark.anyio
 
 # A renew with a new TTL in every exercise: on etcd that moves the record to a new lease.
 NEW_TTL_MS = LONG_MS + 5000
-
-
-# -- the conformance suite ---------------------------------------------------------------
-
-
-class TestEtcdContract(LeaseProviderContract):
-    """The whole suite against the session's etcd (or $LEASEKIT_TEST_ETCD_URL).
-
-    Slow as a whole: etcd's TTLs are whole seconds with a 2 s minimum, so each check
-    that waits out a lease waits seconds, and the class takes minutes.
-    """
-
-    pytestmark = pytest.mark.slow
-
-    @pytest.fixture
-    async def provider(self, etcd_url: str, etcd_prefix: str) -> AsyncIterator[Any]:
-        async with EtcdLeaseProvider.from_url(etcd_url, prefix=etcd_prefix) as provider:
-            yield provider
-
-    @pytest.fixture
-    def provider_factory(self, etcd_url: str, etcd_prefix: str) -> Any:
-        return functools.partial(leasekit.connect, etcd_url, prefix=etcd_prefix)
-
-    @pytest.fixture
-    def break_notifications(self) -> Any:
-        async def cut(provider: EtcdLeaseProvider) -> None:
-            await provider.break_notifications()
-
-        return cut
 
 
 # -- helpers -------------------------------------------------------------------------------

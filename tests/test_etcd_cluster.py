@@ -1,6 +1,6 @@
-"""The etcd backend on a three-member cluster: the core of the conformance suite, then
-failover: a leader killed while a lease is held, a member frozen with SIGSTOP, the
-quorum lost and restored.
+"""The etcd backend on a three-member cluster: failover (the conformance suite on three
+members is in ``test_contract_etcd.py``): a leader killed while a lease is held, a
+member frozen with SIGSTOP, the quorum lost and restored.
 
 What must hold through every fault: nobody but the holder ever holds the key, every
 answer is right or a :class:`leasekit.LeaseBackendError` (never a wrong answer), errors
@@ -11,10 +11,9 @@ ten seconds); nothing here asserts on speed.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from servers import EtcdCluster, missing_extra
@@ -26,7 +25,6 @@ try:
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("etcd", "the etcd tests")
 
-from leasekit_contract import LeaseProviderContract
 from leasekit_etcd import EtcdLeaseProvider
 
 pytestmark = pytest.mark.anyio
@@ -36,43 +34,6 @@ _T = TypeVar("_T")
 TIMEOUT_S = 2.0
 HELD_MS = 60_000  # long enough to outlive every fault below
 PATIENCE_S = TIMEOUT_S + 10
-
-
-@pytest.mark.slow  # whole-second TTLs on three members: minutes for the class
-class TestEtcdClusterContract(LeaseProviderContract):
-    """The suite's table rows, fencing, races and model on three members.
-
-    The tests that only wait out TTLs run on the single member (``test_etcd.py``):
-    expiry is the same etcd lease mechanism on one member or three, and waiting out
-    whole-second TTLs again would double the time of this class.
-    """
-
-    test_reacquire_by_holder_resets_ttl_to_the_new_value = None
-    test_denied_acquire_leaves_holders_ttl_alone = None
-    test_release_by_non_owner_leaves_holders_ttl_alone = None
-    test_renew_by_holder_resets_ttl_to_the_new_value = None
-    test_renew_by_non_owner_returns_false_and_changes_nothing = None
-    test_transfer_by_holder_sets_fresh_ttl_for_new_owner = None
-    test_refused_transfer_leaves_holders_ttl_alone = None
-    test_transfer_to_same_owner_behaves_like_renew = None
-    test_lease_is_free_once_its_ttl_has_passed = None
-    test_ttl_is_rounded_up_never_down = None
-    test_acquire_after_expiry_by_new_owner_succeeds = None
-    test_acquire_after_expiry_by_former_holder_starts_a_new_lease = None
-    test_renew_after_expiry_returns_false_and_does_not_revive = None
-    test_transfer_after_expiry_returns_false_and_does_not_revive = None
-    test_fencing_tokens_increase_across_expiry = None
-    test_churning_tasks_never_overlap_as_holders = None
-    test_churning_processes_never_overlap_as_holders = None
-
-    @pytest.fixture
-    async def provider(self, etcd_cluster: EtcdCluster, etcd_prefix: str) -> AsyncIterator[Any]:
-        async with EtcdLeaseProvider.from_url(etcd_cluster.url, prefix=etcd_prefix) as provider:
-            yield provider
-
-    @pytest.fixture
-    def provider_factory(self, etcd_cluster: EtcdCluster, etcd_prefix: str) -> Any:
-        return functools.partial(leasekit.connect, etcd_cluster.url, prefix=etcd_prefix)
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The Redis backend: the conformance suite on a real server and on a real Cluster, then
-URLs and options, binary-safe names, fencing across restarts, one round trip per
-operation, and faults (a paused, killed or restarted server, a flushed script cache).
+"""The Redis backend: URLs and options, binary-safe names, fencing across restarts, one
+round trip per operation, and faults (a paused, killed or restarted server, a flushed
+script cache). The conformance suite is in ``test_contract_redis.py``, apart from its
+run on a server restarted under the client (``TestRedisContractAfterRestart``, here).
 
 Servers come from the harness in ``tests/servers.py`` via ``conftest.py``.
 """
@@ -39,53 +40,6 @@ from leasekit_contract import LeaseProviderContract
 from leasekit_redis import LeaseRecord, RedisLeaseProvider, _replies
 
 pytestmark = pytest.mark.anyio
-
-
-# -- the conformance suite ---------------------------------------------------------------
-
-
-class TestRedisContract(LeaseProviderContract):
-    """The whole suite against the session's redis-server (or $LEASEKIT_TEST_REDIS_URL)."""
-
-    @pytest.fixture
-    async def provider(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Any]:
-        async with RedisLeaseProvider.from_url(redis_url, prefix=redis_prefix) as provider:
-            yield provider
-
-    @pytest.fixture
-    def provider_factory(self, redis_url: str, redis_prefix: str) -> Any:
-        return functools.partial(leasekit.connect, redis_url, prefix=redis_prefix)
-
-    @pytest.fixture
-    def break_notifications(self) -> Any:
-        async def cut(provider: RedisLeaseProvider) -> None:
-            await provider.break_notifications()
-
-        return cut
-
-
-class TestRedisClusterContract(LeaseProviderContract):
-    """The whole suite against a three-node Redis Cluster: every script respects slots."""
-
-    @pytest.fixture
-    async def provider(
-        self, redis_cluster: RedisClusterServer, redis_prefix: str
-    ) -> AsyncIterator[Any]:
-        url = f"{redis_cluster.url}?cluster=true"
-        async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
-            yield provider
-
-    @pytest.fixture
-    def provider_factory(self, redis_cluster: RedisClusterServer, redis_prefix: str) -> Any:
-        url = f"{redis_cluster.url}?cluster=true"
-        return functools.partial(leasekit.connect, url, prefix=redis_prefix)
-
-    @pytest.fixture
-    def break_notifications(self) -> Any:
-        async def cut(provider: RedisLeaseProvider) -> None:
-            await provider.break_notifications()  # every node's pub/sub connection
-
-        return cut
 
 
 # -- helpers -------------------------------------------------------------------------------

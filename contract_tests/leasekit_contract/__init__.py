@@ -16,6 +16,7 @@ entry point: it would add options to every pytest run in every environment)::
     pytest -p leasekit_contract --leasekit-url redis://localhost:6379/0
 
 runs the whole suite, and nothing else, against the backend ``leasekit.connect(URL)``
+opens, and again through the blocking driver on what ``leasekit.sync.connect(URL)``
 opens. A bare ``memory://`` becomes a named ``memory://leasekit-check-...`` store so
 the suite's reconnect checks can reach it.
 """
@@ -38,6 +39,7 @@ pytest.register_assert_rewrite(
         for module in (
             "_base",
             "_batch",
+            "_blocking",
             "_cancellation",
             "_concurrency",
             "_expiry",
@@ -46,6 +48,7 @@ pytest.register_assert_rewrite(
             "_input",
             "_lifecycle",
             "_model",
+            "_notifications",
             "_semantics",
             "_suite",
             "_url_suite",
@@ -56,24 +59,30 @@ pytest.register_assert_rewrite(
 
 from ._base import URL_KEY  # noqa: E402  (after the rewrite registration)
 from ._batch import BATCHED_RENEWAL_CHECKS  # noqa: E402
-from ._cancellation import RELEASE_GRANT_CHECK  # noqa: E402
-from ._suite import LeaseProviderContract  # noqa: E402
-
-WAKE_UP_CHECKS = frozenset(
-    {
-        "test_a_release_wakes_a_waiter",
-        "test_a_transfer_wakes_a_waiter_who_is_still_denied",
-        "test_a_waiter_takes_a_dead_holders_key_after_its_expiry",
-        "test_a_lost_channel_wakes_waiters_and_waiting_still_works",
-    }
+from ._blocking import (  # noqa: E402
+    BLOCKING_DRIVER_REASON,
+    BLOCKING_DRIVER_SKIPS,
+    BlockingLeaseProviderContract,
+    BlockingProviderAsAsync,
+    BlockingProviderFactory,
+    blocking_provider_factory,
 )
-"""The checks that skip on a backend declaring ``release_notifications=False``."""
+from ._cancellation import CANCEL_CHECKS, RELEASE_GRANT_CHECK  # noqa: E402
+from ._notifications import WAKE_UP_CHECKS  # noqa: E402
+from ._suite import LeaseProviderContract  # noqa: E402
 
 __all__ = [
     "BATCHED_RENEWAL_CHECKS",
+    "BLOCKING_DRIVER_REASON",
+    "BLOCKING_DRIVER_SKIPS",
+    "CANCEL_CHECKS",
     "RELEASE_GRANT_CHECK",
     "WAKE_UP_CHECKS",
+    "BlockingLeaseProviderContract",
+    "BlockingProviderAsAsync",
+    "BlockingProviderFactory",
     "LeaseProviderContract",
+    "blocking_provider_factory",
     "url_under_test",
 ]
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import anyio
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from leasekit import MAX_TTL_MS, Capabilities, LeaseProvider, LeaseResult, capabilities_of
 
 __all__ = [
+    "BLOCKING_DRIVER_REASON",
     "CLOCK_TOLERANCE_S",
     "URL_KEY",
     "ContractBase",
@@ -52,6 +53,13 @@ CLOCK_TOLERANCE_S = 0.002
 milliseconds may lose up to one at each conversion (SQLite's ``julianday('now')``
 truncated to an integer, say), so its count can start slightly before the request."""
 
+BLOCKING_DRIVER_REASON = (
+    "not through the blocking driver (blocking_driver=True): a blocking call cannot be "
+    "cancelled once it runs, and release notifications (watch_release) are an async "
+    "provider's extra (leasekit.sync waits through the facade's async provider)"
+)
+"""Why the checks in ``leasekit_contract.BLOCKING_DRIVER_SKIPS`` skip on the blocking driver."""
+
 
 class ContractBase:
     """The fixtures a backend's test class overrides, and the async setup every test uses.
@@ -61,6 +69,14 @@ class ContractBase:
     """
 
     pytestmark = pytest.mark.anyio
+
+    blocking_driver: ClassVar[bool] = False
+    """True when ``provider`` drives a blocking provider from worker threads.
+
+    Set by :class:`leasekit_contract.BlockingLeaseProviderContract`. The checks that
+    cannot apply to a blocking call (cancelling it mid-flight, waiting on release
+    notifications) then skip with :data:`BLOCKING_DRIVER_REASON`; every other check runs.
+    """
 
     @pytest.fixture
     def anyio_backend(self) -> str:

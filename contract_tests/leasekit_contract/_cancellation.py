@@ -21,11 +21,22 @@ import leasekit
 from leasekit import LeaseProvider
 from leasekit.backend import SupportsReleaseGrant, supports
 
-from ._base import ContractBase, KeySpace, Timing
+from ._base import BLOCKING_DRIVER_REASON, ContractBase, KeySpace, Timing
 
 _MAX_DELAY_S = 0.004
 RELEASE_GRANT_CHECK = "test_release_grant_releases_only_the_grant_with_that_token"
 """The check that skips on a backend without ``release_grant`` (or without fencing)."""
+
+CANCEL_CHECKS = frozenset(
+    {
+        "test_a_cancelled_acquire_strands_no_key",
+        "test_a_cancelled_transfer_strands_no_key",
+        "test_a_grant_after_a_cancelled_acquire_is_never_undone",
+        "test_a_hold_cancelled_while_entering_strands_no_key",
+        "test_a_hold_cancelled_while_leaving_strands_no_key",
+    }
+)
+"""The checks that cancel calls mid-flight: asyncio only, and not through the blocking driver."""
 
 _FEW = 60
 MANY = 300
@@ -113,7 +124,11 @@ class CancellationChecks(ContractBase):
     """Cancels at random points leave no key held by an owner that was not told it holds it."""
 
     @pytest.fixture(autouse=True)
-    def _only_asyncio(self, anyio_backend: str) -> None:
+    def _only_asyncio(self, anyio_backend: str, request: pytest.FixtureRequest) -> None:
+        if getattr(request.function, "__name__", "") not in CANCEL_CHECKS:
+            return
+        if self.blocking_driver:
+            pytest.skip(BLOCKING_DRIVER_REASON)
         if anyio_backend != "asyncio":
             pytest.skip("cancelling at random points uses asyncio tasks")
 

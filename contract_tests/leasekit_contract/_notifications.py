@@ -23,9 +23,26 @@ import pytest
 import leasekit
 from leasekit import LeaseProvider
 
-from ._base import ContractBase, KeySpace, Timing, check_denied, check_granted
+from ._base import (
+    BLOCKING_DRIVER_REASON,
+    ContractBase,
+    KeySpace,
+    Timing,
+    check_denied,
+    check_granted,
+)
 
-__all__ = ["NotificationChecks"]
+__all__ = ["WAKE_UP_CHECKS", "NotificationChecks"]
+
+WAKE_UP_CHECKS = frozenset(
+    {
+        "test_a_release_wakes_a_waiter",
+        "test_a_transfer_wakes_a_waiter_who_is_still_denied",
+        "test_a_waiter_takes_a_dead_holders_key_after_its_expiry",
+        "test_a_lost_channel_wakes_waiters_and_waiting_still_works",
+    }
+)
+"""The checks that skip on a backend declaring ``release_notifications=False``."""
 
 WAKE_TIMEOUT_S = 30.0
 """How long a waiter may wait for a wake-up that must come: far beyond any real latency."""
@@ -45,6 +62,11 @@ def _require_notifications(provider: Any) -> Timing:
 
 class NotificationChecks(ContractBase):
     """Wake-ups on release and transfer; a lost channel; watching the owner."""
+
+    @pytest.fixture(autouse=True)
+    def _not_blocking(self, request: pytest.FixtureRequest) -> None:
+        if self.blocking_driver and getattr(request.function, "__name__", "") in WAKE_UP_CHECKS:
+            pytest.skip(BLOCKING_DRIVER_REASON)
 
     @pytest.fixture
     def break_notifications(self) -> Callable[[Any], Awaitable[None]] | None:

@@ -1,4 +1,8 @@
-"""The suite against whatever URL ``--leasekit-url`` names; collected by the plugin alone."""
+"""The suite against whatever URL ``--leasekit-url`` names; collected by the plugin alone.
+
+Through both drivers: ``leasekit.connect(URL)``, and ``leasekit.sync.connect(URL)``
+(what blocking callers get) through :class:`BlockingLeaseProviderContract`.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 import leasekit
+import leasekit.sync
 from leasekit import LeaseProvider
 
 from ._base import URL_KEY, ProviderFactory
+from ._blocking import BlockingLeaseProviderContract, BlockingProviderFactory
 from ._suite import LeaseProviderContract
 
-__all__ = ["TestLeaseProviderAtURL"]
+__all__ = ["TestLeaseProviderAtURL", "TestLeaseProviderAtURLBlocking"]
 
 
 def _url(config: pytest.Config) -> str:
@@ -34,3 +40,11 @@ class TestLeaseProviderAtURL(LeaseProviderContract):
     @pytest.fixture
     def provider_factory(self, request: pytest.FixtureRequest) -> ProviderFactory:
         return functools.partial(leasekit.connect, _url(request.config))
+
+
+class TestLeaseProviderAtURLBlocking(BlockingLeaseProviderContract):
+    """The conformance suite against ``leasekit.sync.connect(URL)``, the blocking driver."""
+
+    @pytest.fixture
+    def blocking_factory(self, request: pytest.FixtureRequest) -> BlockingProviderFactory:
+        return functools.partial(leasekit.sync.connect, _url(request.config))
