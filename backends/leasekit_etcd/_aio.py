@@ -131,6 +131,20 @@ class AioTransport:
         await asyncio.sleep(step.seconds)
         return None
 
+    @classmethod
+    async def adopt(cls, client: Any, address: str, *, connect_timeout_s: float) -> AioTransport:
+        """A transport on a caller's ``aetcd.Client``: its channel (and auth token), once
+        it is connected; the channel stays the client's to close."""
+        await client.connect()
+        member = Member(
+            address,
+            tls=None,
+            credentials=None,
+            channel=client.channel,
+            metadata=tuple(client.metadata or ()),
+        )
+        return cls(Members([member], connect_timeout_s=connect_timeout_s))
+
     @staticmethod
     async def authenticate(member: Member, timeout_s: float) -> None:
         """Get ``member`` an auth token (etcd's simple tokens are per member)."""

@@ -206,19 +206,21 @@ class EtcdSettings:
 def check_settings(
     *,
     client: object = None,
-    endpoints: Sequence[str] | None,
-    prefix: str,
-    timeout_s: float,
-    connect_timeout_s: float,
-    username: str | None,
-    password: str | None,
-    reuse_leases: bool,
-    tls: bool,
-    ca: bytes | None,
-    cert: bytes | None,
-    key: bytes | None,
+    endpoints: Sequence[str] | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    timeout_s: float = 5.0,
+    connect_timeout_s: float = 1.0,
+    username: str | None = None,
+    password: str | None = None,
+    reuse_leases: bool = True,
+    tls: bool = False,
+    ca: bytes | None = None,
+    cert: bytes | None = None,
+    key: bytes | None = None,
 ) -> EtcdSettings:
-    """Check a provider's constructor arguments (no I/O); ``client`` is an aetcd.Client."""
+    """Check a provider's constructor arguments (no I/O): those of
+    :class:`~leasekit_etcd.EtcdLeaseProvider`, whose docstring says what each means;
+    ``client`` is a caller's aetcd.Client, given instead of ``endpoints``."""
     if (client is None) == (endpoints is None):
         raise InvalidLeaseArgument.for_argument(
             "client", "give either an aetcd.Client or endpoints=[...], not both or neither"

@@ -1,22 +1,17 @@
 """The etcd providers' lifecycles: ``EtcdLeaseProvider`` (asyncio), ``EtcdSyncLeaseProvider``.
 
-Each lease is one record bound to an etcd lease of its own (``_ops`` has the layout,
-the transactions and each operation's round trips). Expiry is etcd's: the leader
-revokes the etcd lease when its TTL runs out and deletes the record in the same step.
-Both providers run the same operations, the async one on grpc.aio (``_aio``), the
-blocking one on grpc's blocking channels (``_blocking``).
+Both run the operations of ``_ops`` (the layout, the transactions, each operation's
+round trips), the async one on grpc.aio (``_aio``), the blocking one on grpc's blocking
+channels (``_blocking``). Expiry is etcd's: the leader revokes the etcd lease when its
+TTL runs out and deletes the record in the same step.
 
-No etcd lease is left behind. Every etcd lease a provider grants ends up bound to a
-record whose operation returned to its caller, or revoked. An operation waits only for
-the round trips that decide its answer: an etcd lease that a transaction has just
-detached from its record or never bound, or that an operation failing midway may have
-left, is revoked in the background (the async provider's tasks, which :meth:`flush
-<EtcdLeaseProvider.flush>` waits for and ``aclose`` drains within ``timeout_s``; the
-blocking provider's revocation thread, drained by ``close``). A revocation that cannot
-reach the server in time, or a reply that never came back, leaves a lease that ends
-on its own at its granted TTL; nothing keeps such a lease alive.
-``docs/backends/etcd.md`` has the round trips per operation and the argument for each
-choice.
+No etcd lease is left behind: every etcd lease a provider grants ends up bound to a
+record whose operation returned to its caller, or revoked. One that a transaction left
+without a record, or that an operation failing midway may have left, is revoked in the
+background, off the caller's path (the async provider's tasks, which ``flush`` waits
+for and ``aclose`` drains within ``timeout_s``; the blocking provider's revocation
+thread, drained by ``close``). One that cannot be revoked in time ends at its TTL.
+``docs/backends/etcd.md`` has the round trips per operation and why.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from leasekit import LeaseBackendError, LeaseResult
@@ -37,10 +32,10 @@ from leasekit.backend import (
     SyncBackendProvider,
 )
 
-from . import _aio, _blocking, _ops, _rpc
+from . import _aio, _blocking, _ops
 from ._keys import holder_range
-from ._members import SETTLE_S, Member, Members
-from ._notify import EtcdReleaseListener
+from ._members import SETTLE_S
+from ._notify import EtcdReleaseListener, WatchStream
 from ._options import (
     BACKEND,
     CAPABILITIES,
@@ -48,7 +43,6 @@ from ._options import (
     DEFAULT_PREFIX,
     ERRORS,
     FORKED_AFTER_GRPC,
-    EtcdSettings,
     check_settings,
     url_settings,
 )
@@ -56,6 +50,7 @@ from ._options import (
 __all__ = ["EtcdLeaseProvider", "EtcdSyncLeaseProvider"]
 
 _T = TypeVar("_T")
+_Op = Operation[_ops.Request, _T]
 
 
 class EtcdLeaseProvider(BackendProvider):
@@ -138,9 +133,9 @@ class EtcdLeaseProvider(BackendProvider):
             min_ttl_s=DEFAULT_MIN_TTL_S,
         )
         self._pool = self._ctx.pool
-        self._watcher: Any = None
+        self._stream = WatchStream(self._opened, timeout_s=self.timeout_s, spawn=self._spawn_open)
         self._listener = self._release_listener = EtcdReleaseListener(
-            self._release_watcher, timeout_s=self.timeout_s, lost=self._forget_watcher
+            self._stream, timeout_s=self.timeout_s, lost=self._stream.lost
         )
 
     @classmethod
@@ -163,56 +158,36 @@ class EtcdLeaseProvider(BackendProvider):
         same URL, options and errors as :meth:`from_url`, on grpc's blocking channels."""
         return EtcdSyncLeaseProvider.from_url(url, **options)
 
-    # -- one operation: its deadline, its round trips, its errors ---------------------
-
     def _after_fork_in_child(self) -> None:
-        """In a forked child: refuse every call, with the reason, instead of crashing.
-
-        gRPC cannot run in a process forked after it started (its C core's threads and
-        pollers are not in the child, and grpc.aio has no fork support: a call aborts
-        the process or never answers), whether on the parent's channel or a new one.
-        """
+        # gRPC cannot run in a process forked after it started (grpc.aio has no fork
+        # support: a call aborts the process or never answers), on any channel.
         if not self._closing and self._loop is not None:  # used, so gRPC has started
             self._closing = True
             self._closed_reason = FORKED_AFTER_GRPC
 
-    async def _run(
-        self, key: str | None, operation: Operation[_ops.Request, _T], grant: str | None = None
-    ) -> _T:
+    async def _run(self, key: str | None, operation: _Op[_T], grant: str | None = None) -> _T:
         """Run one operation within ``timeout_s``, its errors mapped at one boundary."""
         if grant is not None and key is not None and self._undos:
             await self._after_undo(key, grant)
         return await self._call(self._operate(operation), key, grant)
 
-    async def _operate(
-        self, operation: Operation[_ops.Request, _T], budget_s: float | None = None
-    ) -> _T:
-        transport = self._transport or await self._adopt_client()
-        deadline = asyncio.get_running_loop().time() + (budget_s or self.timeout_s)
-        return await transport.run(operation, deadline)
+    async def _operate(self, operation: _Op[_T], budget_s: float | None = None) -> _T:
+        transport = self._transport or await self._opened()
+        return await transport.run(operation, _loop_time() + (budget_s or self.timeout_s))
 
-    async def _adopt_client(self) -> _aio.AioTransport:
-        """A caller's aetcd.Client: its channel (and auth token) once it is connected."""
-        client = self._client
-        await client.connect()
-        member = Member(
-            self.endpoints[0],
-            tls=None,
-            credentials=None,
-            channel=client.channel,
-            metadata=tuple(client.metadata or ()),
-        )
-        members = Members([member], connect_timeout_s=self.connect_timeout_s)
-        self._transport = _aio.AioTransport(members)
+    async def _opened(self) -> _aio.AioTransport:
+        if self._transport is None:  # on a caller's aetcd.Client, connected now
+            self._transport = await _aio.AioTransport.adopt(
+                self._client, self.endpoints[0], connect_timeout_s=self.connect_timeout_s
+            )
         return self._transport
 
     async def _connect(self) -> None:
         # One read now, so a wrong address, TLS setting or password shows up here. A
-        # failed check closes the provider before `async with` raises, and closing gives
-        # gRPC SETTLE_S after the call it cut off: the check ends that much before
-        # timeout_s, so that `async with`, close included, ends by timeout_s.
-        budget_s = max(self.timeout_s - SETTLE_S, self.timeout_s / 2)
+        # failed check closes the provider, which gives gRPC SETTLE_S after the call it
+        # cut off: the check ends that much sooner, so `async with` ends by timeout_s.
         try:
+            budget_s = max(self.timeout_s - SETTLE_S, self.timeout_s / 2)
             await self._operate(_ops.ping(self._ctx), budget_s)
         except TimeoutError:  # the check's own deadline ran out between attempts
             raise self._timeout(None) from None
@@ -226,13 +201,18 @@ class EtcdLeaseProvider(BackendProvider):
             await self._transport.close()
 
     def _describe(self) -> str:
-        return f"etcd {', '.join(self.endpoints)}, prefix={self.prefix!r}"
+        return _describe(self.endpoints, self.prefix)
 
     def _where(self) -> str:
         return _where(self._transport, self.endpoints)
 
+    def _spawn_open(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        if self.closed:
+            coroutine.close()
+        else:
+            self._spawn(coroutine)
+
     def _revoke_later(self, lease_id: int) -> None:
-        """Revoke an etcd lease in the background (``aclose`` drains these)."""
         transport = self._transport
         if transport is None or transport.closed:
             return  # nothing left to send it on: the empty lease ends at its TTL
@@ -244,7 +224,7 @@ class EtcdLeaseProvider(BackendProvider):
 
         self._spawn(revoke())
 
-    # -- the contract -------------------------------------------------------------------
+    # -- the contract, and beyond -------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         return await self._run(key, _ops.acquire(self._ctx, key, owner, ttl_ms), owner)
@@ -264,17 +244,14 @@ class EtcdLeaseProvider(BackendProvider):
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
-        grant = None if from_owner == to_owner else to_owner
-        return await self._run(key, operation, grant)
-
-    # -- beyond the contract ------------------------------------------------------------
+        return await self._run(key, operation, None if from_owner == to_owner else to_owner)
 
     async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, optionally only keys starting with ``prefix``.
 
         One range read per batch of records, then one ``LeaseTimeToLive`` per lease for
-        the remaining time (whole seconds, as etcd reports it), bounded by ``timeout_s``
-        as a whole. Not a snapshot: leases that change meanwhile may or may not be listed.
+        the remaining time (whole seconds, as etcd reports it), all within ``timeout_s``.
+        Not a snapshot: leases that change meanwhile may or may not be listed.
         """
         return await self._run(prefix, _ops.inspect(self._ctx, prefix, limit))
 
@@ -285,106 +262,51 @@ class EtcdLeaseProvider(BackendProvider):
         self._refuse_if_closed()
         return await self._call(self._listener.watch(key, start, end), key)
 
-    async def _release_watcher(self) -> Any:
-        """The watch stream's ``Watcher``, on the member operations are pinned to now."""
-        if self._watcher is None:
-            transport = self._transport or await self._adopt_client()
-            member = transport.members.pinned
-            if member.needs_token:
-                await transport.authenticate(member, self.timeout_s)
-            self._watcher = _rpc.release_watcher(member.stubs, member.metadata)
-            transport.members.streams_opened = True
-        return self._watcher
-
-    def _forget_watcher(self) -> None:
-        """A watch failed: the next wait starts a stream on whichever member is pinned."""
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None and not self.closed:
-            self._spawn(watcher.shutdown())
-
     async def break_notifications(self) -> None:
         """Cut the watch stream, as a failed member would (for tests)."""
-        if self._watcher is not None:
-            await self._watcher._terminate_stream(ConnectionError("watch stream cut"))
+        await self._stream.cut()
 
     async def lease_ids(self) -> list[int]:
         """Every etcd lease in the cluster (``LeaseLeases``), not only this provider's.
 
-        For tests and diagnostics: leasekit leaves no etcd lease behind, so on an
-        otherwise idle cluster this returns to what it was after any number of
-        operations. It first waits for this provider's background revocations
-        (:meth:`flush`), so that the list is settled.
+        For tests and diagnostics; it first waits for this provider's background
+        revocations (:meth:`flush`), so that the list is settled.
         """
         await self.flush()
         return await self._run(None, _ops.lease_ids())
 
     async def flush(self) -> None:
-        """Wait for the etcd leases this provider is revoking in the background.
-
-        Release, transfer, a denied acquire and a move to a new TTL return once their
-        transaction has decided; the etcd lease they left without a record is revoked
-        right after, off the caller's path. This waits until those revocations have
-        finished (each is bounded; one that fails leaves its empty etcd lease to end at
-        its TTL). The idle etcd leases kept for reuse are revoked first, so after a
-        flush every etcd lease this provider granted carries a record. Never raises.
-        """
+        """Revoke the idle etcd leases kept for reuse, and wait for every revocation in
+        the background (each bounded; one that fails ends at its TTL). Never raises."""
         self._housekeep_before_close()
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
 
 class EtcdSyncLeaseProvider(SyncBackendProvider):
-    """Leases in etcd from threads: the async provider's operations on blocking gRPC.
+    """Leases in etcd from threads: the same operations on grpc's blocking channels.
 
-    Built by ``leasekit.sync.connect("etcd://...")`` (:meth:`from_url`), with the same
-    URL, options and errors as :class:`EtcdLeaseProvider`; safe to share between
-    threads. Every call is bounded by ``timeout_s`` through gRPC's own per-call
-    ``timeout=`` (what is left of the operation's ``timeout_s``), failing over between
-    endpoints as the async provider does.
+    Built by ``leasekit.sync.connect("etcd://...")`` (:meth:`from_url`), with the URL,
+    options and errors of :class:`EtcdLeaseProvider` (whose keyword arguments it takes,
+    a caller's client aside); safe to share between threads. Each call is bounded by
+    ``timeout_s`` through gRPC's per-call ``timeout=`` (what is left of the
+    operation's), failing over between endpoints as the async provider does.
 
-    Each grant binds an etcd lease of its own, of exactly the TTL (``reuse_leases``
-    does not apply): the record's expiry is that etcd lease's TTL on the server, a
-    renewal keeps it alive (only if the caller's record is still on it), and an etcd
-    lease left without a record is revoked by one background thread, drained by
-    :meth:`close`.
+    Each grant binds an etcd lease of its own, of exactly the TTL (``reuse_leases`` is
+    accepted and has no effect): expiry is that etcd lease's TTL on the server; renew
+    keeps it alive only while the caller's record is on it. An etcd lease left without
+    a record is revoked by one background thread, which :meth:`close` drains.
 
-    In a forked child, a provider whose parent never made an etcd call is rebuilt
-    there and works; once gRPC has started in the parent, the child's provider refuses
-    every call with the reason (gRPC cannot work in a child forked after it started).
+    In a forked child, a provider whose process had not yet used gRPC is rebuilt and
+    works; once gRPC has started, the child's provider refuses every call, with why.
     """
 
     backend: ClassVar[str] = BACKEND
     errors: ClassVar[ErrorMap] = ERRORS
     capabilities = CAPABILITIES
 
-    def __init__(
-        self,
-        *,
-        endpoints: Sequence[str],
-        prefix: str = DEFAULT_PREFIX,
-        timeout_s: float = 5.0,
-        connect_timeout_s: float = 1.0,
-        username: str | None = None,
-        password: str | None = None,
-        reuse_leases: bool = True,
-        tls: bool = False,
-        ca: bytes | None = None,
-        cert: bytes | None = None,
-        key: bytes | None = None,
-    ) -> None:
-        settings: EtcdSettings = check_settings(
-            endpoints=endpoints,
-            prefix=prefix,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            username=username,
-            password=password,
-            reuse_leases=reuse_leases,
-            tls=tls,
-            ca=ca,
-            cert=cert,
-            key=key,
-        )
+    def __init__(self, *, endpoints: Sequence[str], **options: Any) -> None:
+        settings = check_settings(endpoints=endpoints, **options)
         super().__init__(timeout_s=settings.timeout_s, owns_client=True)
         self.prefix: str = settings.prefix
         self.endpoints = settings.endpoints
@@ -404,13 +326,13 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         return cls(**url_settings(url, **options).provider_arguments())
 
     def _after_fork_in_child(self) -> None:
-        if not self._closing and self._transport.used:
+        if not self._closing and self._transport.used:  # gRPC has started: see above
             self._closing = True
             self._closed_reason = FORKED_AFTER_GRPC
             return
         super()._after_fork_in_child()
 
-    def _run(self, operation: Operation[_ops.Request, _T], key: str | None) -> _T:
+    def _run(self, operation: _Op[_T], key: str | None) -> _T:
         result: _T = self._call(self._transport.run, operation, self.timeout_s, key=key)
         return result
 
@@ -422,7 +344,7 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         self._transport.close()
 
     def _describe(self) -> str:
-        return f"etcd {', '.join(self.endpoints)}, prefix={self.prefix!r}"
+        return _describe(self.endpoints, self.prefix)
 
     def _where(self) -> str:
         return _where(self._transport, self.endpoints)
@@ -444,16 +366,19 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         return self._run(_ops.renew(self._ctx, key, owner, ttl_ms), key)
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
-        return self._run(operation, key)
+        return self._run(_ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms), key)
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, as :meth:`EtcdLeaseProvider.inspect`."""
         return self._run(_ops.inspect(self._ctx, prefix, limit), prefix)
 
 
+def _describe(endpoints: Sequence[str], prefix: str) -> str:
+    return f"etcd {', '.join(endpoints)}, prefix={prefix!r}"
+
+
 def _where(
-    transport: _aio.AioTransport | _blocking.BlockingTransport | None, endpoints: Any
+    transport: _aio.AioTransport | _blocking.BlockingTransport | None, endpoints: Sequence[str]
 ) -> str:
     failure = transport.members.last_failure if transport is not None else None
     return f" (etcd {failure or ', '.join(endpoints)})"
