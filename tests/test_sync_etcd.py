@@ -9,7 +9,11 @@ bad input is refused before any I/O, and that no etcd lease is left behind.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +220,59 @@ def test_bad_options_and_input_raise_before_any_io() -> None:
             with pytest.raises(InvalidLeaseArgument) as caught:
                 call()
             assert caught.value.argument == argument
-        assert not leases._transport.used  # no channel was ever opened
+        assert not any(member.opened for member in leases._transport.members.members)
     finally:
         leases.close()
+
+
+# Run in an interpreter of its own: this test process has started gRPC long ago.
+FORK_SCRIPT = """
+import json, os, sys
+import leasekit.sync
+
+leases = leasekit.sync.connect(sys.argv[1])  # no I/O yet: gRPC has not started
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        result = leases.acquire_lease("forked", "child", 60000)  # rebuilt in the child
+        leases.release_lease("forked", "child")
+        leases.close()
+        print(json.dumps({"child_acquired": result.acquired}), flush=True)
+        code = 0
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+with leases:  # the parent's provider, untouched by the child
+    assert leases.get_lease_owner("forked") is None
+    held = leases.acquire_lease("forked", "parent", 60000).acquired
+    child = os.fork()
+    if child == 0:
+        try:
+            leases.get_lease_owner("forked")
+        except Exception as exc:
+            print(json.dumps({"refused": type(exc).__name__, "why": str(exc)}), flush=True)
+        os._exit(0)
+    os.waitpid(child, 0)
+    leases.release_lease("forked", "parent")
+print(json.dumps({"child_status": status, "parent_held": held}), flush=True)
+"""
+
+
+def test_a_forked_child_rebuilds_a_provider_its_parent_never_used(url: str) -> None:
+    """Before gRPC starts in the parent, a child's provider is rebuilt and works; after,
+    a child refuses (gRPC cannot run in a child forked once it started)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0] == {"child_acquired": True}
+    assert lines[1]["refused"] == "LeaseProviderClosed"
+    assert "forked" in lines[1]["why"]
+    assert lines[2] == {"child_status": 0, "parent_held": True}

@@ -105,8 +105,6 @@ class BlockingTransport:
 
     def __init__(self, members: Members) -> None:
         self.members = members
-        #: True once a channel was opened: gRPC's core has started in this process
-        self.used = False
         self._opening = threading.Lock()
         self._connectivity: dict[int, _Connectivity] = {}
 
@@ -130,7 +128,6 @@ class BlockingTransport:
         if not member.opened:
             with self._opening:
                 if not member.opened:
-                    self.used = True
                     self._connectivity[id(member)] = _Connectivity(member.channel)
         return member.stubs
 

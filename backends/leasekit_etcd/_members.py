@@ -49,6 +49,7 @@ __all__ = [
     "Attempt",
     "Connected",
     "Credentials",
+    "GrpcState",
     "Member",
     "Members",
     "Pause",
@@ -148,6 +149,14 @@ def describe(exc: BaseException) -> str:
     return f"{getattr(code, 'name', code)}: {details or 'no details'}"
 
 
+class GrpcState:
+    """Whether this process has opened a gRPC channel, so gRPC's core has started: a
+    child forked after that cannot use gRPC at all (its core's threads and pollers are
+    not in the child; grpc.aio has no fork support), on any channel, old or new."""
+
+    started = False
+
+
 OpenChannel = Callable[[str, TlsFiles | None], _rpc.Channel]
 """Opens a transport's kind of channel (asyncio or blocking) to an address."""
 
@@ -170,6 +179,8 @@ class Member:
         self._credentials = credentials
         self._open_channel = open_channel
         self._channel = channel
+        if channel is not None:
+            GrpcState.started = True
         self.owns_channel = channel is None
         self._stubs = None if channel is None else _rpc.Stubs(channel)
         self._extra_metadata = metadata
@@ -179,6 +190,7 @@ class Member:
     def channel(self) -> _rpc.Channel:
         if self._channel is None:
             assert self._open_channel is not None
+            GrpcState.started = True
             self._channel = self._open_channel(self.address, self._tls)
             self._stubs = _rpc.Stubs(self._channel)
         return self._channel

@@ -34,7 +34,7 @@ from leasekit.backend import (
 
 from . import _aio, _blocking, _ops
 from ._keys import holder_range
-from ._members import SETTLE_S
+from ._members import SETTLE_S, GrpcState
 from ._notify import EtcdReleaseListener, WatchStream
 from ._options import (
     BACKEND,
@@ -161,7 +161,7 @@ class EtcdLeaseProvider(BackendProvider):
     def _after_fork_in_child(self) -> None:
         # gRPC cannot run in a process forked after it started (grpc.aio has no fork
         # support: a call aborts the process or never answers), on any channel.
-        if not self._closing and self._loop is not None:  # used, so gRPC has started
+        if not self._closing and GrpcState.started:
             self._closing = True
             self._closed_reason = FORKED_AFTER_GRPC
 
@@ -297,8 +297,9 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     keeps it alive only while the caller's record is on it. An etcd lease left without
     a record is revoked by one background thread, which :meth:`close` drains.
 
-    In a forked child, a provider whose process had not yet used gRPC is rebuilt and
-    works; once gRPC has started, the child's provider refuses every call, with why.
+    In a forked child, a provider is rebuilt and works if its process had not opened
+    any gRPC channel before the fork; once gRPC has started in the parent (any etcd
+    provider used), the child's provider refuses every call, saying why.
     """
 
     backend: ClassVar[str] = BACKEND
@@ -326,7 +327,7 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         return cls(**url_settings(url, **options).provider_arguments())
 
     def _after_fork_in_child(self) -> None:
-        if not self._closing and self._transport.used:  # gRPC has started: see above
+        if not self._closing and GrpcState.started:  # see the class's docstring
             self._closing = True
             self._closed_reason = FORKED_AFTER_GRPC
             return
