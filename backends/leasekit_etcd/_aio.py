@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from leasekit.backend import Operation, drive_async
 
 from . import _rpc
 from ._members import (
-    CHANNEL_OPTIONS,
     SETTLE_S,
     Attempt,
     Connected,
@@ -26,7 +24,7 @@ from ._members import (
     Pause,
     Refuses,
     Step,
-    TlsFiles,
+    channel_opener,
 )
 from ._ops import Call, Request
 
@@ -39,12 +37,8 @@ _STATE_POLL_S = 0.005
 _PARALLEL = 32
 
 
-def open_channel(address: str, tls: TlsFiles | None) -> _rpc.Channel:
-    """A grpc.aio channel to ``address``, with TLS when ``tls`` is given."""
-    if tls is None:
-        return _rpc.insecure_channel(address, CHANNEL_OPTIONS)
-    creds = _rpc.ssl_credentials(tls.ca, tls.key, tls.cert)
-    return _rpc.secure_channel(address, creds, CHANNEL_OPTIONS)
+open_channel = channel_opener(blocking=False)
+"""Opens this transport's kind of channel to an address, with TLS when given."""
 
 
 async def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float) -> Any:
@@ -60,26 +54,6 @@ async def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s:
         call.cancel()
         raise
     return response
-
-
-def _unary(service: str, method: str) -> Callable[..., Awaitable[Any]]:
-    def invoke(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float) -> Any:
-        return getattr(getattr(stubs, service), method)(
-            request, timeout=timeout_s, metadata=metadata
-        )
-
-    return invoke
-
-
-_INVOKE: dict[str, Callable[..., Awaitable[Any]]] = {
-    "Range": _unary("kv", "Range"),
-    "Txn": _unary("kv", "Txn"),
-    "LeaseGrant": _unary("lease", "LeaseGrant"),
-    "LeaseRevoke": _unary("lease", "LeaseRevoke"),
-    "LeaseTimeToLive": _unary("lease", "LeaseTimeToLive"),
-    "LeaseLeases": _unary("lease", "LeaseLeases"),
-    "LeaseKeepAlive": _keep_alive,
-}
 
 
 class AioTransport:
@@ -118,8 +92,10 @@ class AioTransport:
             try:
                 if member.needs_token:
                     await self.authenticate(member, timeout_s)
-                return await _INVOKE[call.method](
-                    member.stubs, call.request, member.metadata, timeout_s
+                if call.method == "LeaseKeepAlive":
+                    return await _keep_alive(member.stubs, call.request, member.metadata, timeout_s)
+                return await _rpc.unary(
+                    member.stubs, call.method, call.request, member.metadata, timeout_s
                 )
             finally:
                 self.members.in_flight -= 1

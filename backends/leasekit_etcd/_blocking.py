@@ -16,14 +16,12 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from leasekit.backend import Operation, drive
 
 from . import _ops, _rpc
 from ._members import (
-    CHANNEL_OPTIONS,
     Attempt,
     Connected,
     Member,
@@ -31,7 +29,7 @@ from ._members import (
     Pause,
     Refuses,
     Step,
-    TlsFiles,
+    channel_opener,
 )
 from ._ops import Call, Request
 
@@ -42,12 +40,8 @@ _READY = _rpc.ChannelState.READY
 _FAILED = (_rpc.ChannelState.TRANSIENT_FAILURE, _rpc.ChannelState.SHUTDOWN)
 
 
-def open_channel(address: str, tls: TlsFiles | None) -> _rpc.Channel:
-    """A blocking grpc channel to ``address``, with TLS when ``tls`` is given."""
-    if tls is None:
-        return _rpc.blocking_insecure_channel(address, CHANNEL_OPTIONS)
-    creds = _rpc.ssl_credentials(tls.ca, tls.key, tls.cert)
-    return _rpc.blocking_secure_channel(address, creds, CHANNEL_OPTIONS)
+open_channel = channel_opener(blocking=True)
+"""Opens this transport's kind of channel to an address, with TLS when given."""
 
 
 def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float) -> Any:
@@ -57,26 +51,6 @@ def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float
         return next(responses)
     finally:
         responses.cancel()
-
-
-def _unary(service: str, method: str) -> Callable[..., Any]:
-    def invoke(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float) -> Any:
-        return getattr(getattr(stubs, service), method)(
-            request, timeout=timeout_s, metadata=metadata
-        )
-
-    return invoke
-
-
-_INVOKE: dict[str, Callable[..., Any]] = {
-    "Range": _unary("kv", "Range"),
-    "Txn": _unary("kv", "Txn"),
-    "LeaseGrant": _unary("lease", "LeaseGrant"),
-    "LeaseRevoke": _unary("lease", "LeaseRevoke"),
-    "LeaseTimeToLive": _unary("lease", "LeaseTimeToLive"),
-    "LeaseLeases": _unary("lease", "LeaseLeases"),
-    "LeaseKeepAlive": _keep_alive,
-}
 
 
 class _Connectivity:
@@ -138,7 +112,9 @@ class BlockingTransport:
             if member.needs_token:
                 request = member.authenticate_request()
                 member.got_token(stubs.auth.Authenticate(request, timeout=timeout_s))
-            return _INVOKE[call.method](stubs, call.request, member.metadata, timeout_s)
+            if call.method == "LeaseKeepAlive":
+                return _keep_alive(stubs, call.request, member.metadata, timeout_s)
+            return _rpc.unary(stubs, call.method, call.request, member.metadata, timeout_s)
         if type(step) is Connected:
             self._stubs(step.member)
             return self._connectivity[id(step.member)].wait_connected(step.wait_s)

@@ -56,6 +56,7 @@ __all__ = [
     "Refuses",
     "Step",
     "TlsFiles",
+    "channel_opener",
     "describe",
     "failed_to_connect",
     "status",
@@ -159,6 +160,20 @@ class GrpcState:
 
 OpenChannel = Callable[[str, TlsFiles | None], _rpc.Channel]
 """Opens a transport's kind of channel (asyncio or blocking) to an address."""
+
+
+def channel_opener(*, blocking: bool) -> OpenChannel:
+    """Opens grpc.aio channels, or blocking ones, with this module's settings and TLS."""
+
+    def open_channel(address: str, tls: TlsFiles | None) -> _rpc.Channel:
+        if tls is None:
+            insecure = _rpc.blocking_insecure_channel if blocking else _rpc.insecure_channel
+            return insecure(address, CHANNEL_OPTIONS)
+        creds = _rpc.ssl_credentials(tls.ca, tls.key, tls.cert)
+        secure = _rpc.blocking_secure_channel if blocking else _rpc.secure_channel
+        return secure(address, creds, CHANNEL_OPTIONS)
+
+    return open_channel
 
 
 class Member:

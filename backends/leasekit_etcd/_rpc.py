@@ -52,6 +52,7 @@ __all__ = [
     "secure_channel",
     "ssl_credentials",
     "txn_request",
+    "unary",
 ]
 
 Request: TypeAlias = Any
@@ -258,6 +259,23 @@ def blocking_secure_channel(
     target: str, credentials: Any, options: Sequence[tuple[str, Any]]
 ) -> Channel:
     return grpc.secure_channel(target, credentials, options=list(options))
+
+
+_SERVICE_OF = {
+    "Range": "kv",
+    "Txn": "kv",
+    "LeaseGrant": "lease",
+    "LeaseRevoke": "lease",
+    "LeaseTimeToLive": "lease",
+    "LeaseLeases": "lease",
+}
+
+
+def unary(stubs: Stubs, method: str, request: Request, metadata: Any, timeout_s: float) -> Any:
+    """Start the unary call ``method`` (``Range``, ``LeaseGrant``...): an awaitable on a
+    grpc.aio channel's stubs, the reply itself on a blocking one's."""
+    service = getattr(stubs, _SERVICE_OF[method])
+    return getattr(service, method)(request, timeout=timeout_s, metadata=metadata)
 
 
 class Stubs:
