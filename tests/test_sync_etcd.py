@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import EtcdServer, missing_extra
+from servers import EtcdCluster, EtcdServer, missing_extra
 
 import leasekit
 import leasekit.sync
 from leasekit import (
     InvalidLeaseArgument,
+    LeaseBackendError,
     LeaseBackendTimeout,
     LeaseBackendUnreachable,
     LeaseProviderClosed,
@@ -275,3 +276,64 @@ def test_a_forked_child_rebuilds_a_provider_its_parent_never_used(url: str) -> N
     assert lines[1]["refused"] == "LeaseProviderClosed"
     assert "forked" in lines[1]["why"]
     assert lines[2] == {"child_status": 0, "parent_held": True}
+
+
+# -- failover on a three-member cluster ------------------------------------------------------
+
+CLUSTER_TIMEOUT_S = 2.0
+PATIENCE_S = CLUSTER_TIMEOUT_S + 10
+
+
+def answered(call: Any) -> Any:
+    """``call()``'s answer once the cluster gives one (a LeaseBackendError until then)."""
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        try:
+            return call()
+        except LeaseBackendError:  # noqa: PERF203 (retried until the cluster answers)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def cluster_url(cluster: EtcdCluster) -> str:
+    endpoints = ",".join(f"{m.host}:{m.port}" for m in cluster.members)
+    return f"etcd://{endpoints}?timeout_s={CLUSTER_TIMEOUT_S}"
+
+
+@pytest.mark.slow  # elections and timeouts
+def test_a_lease_is_held_through_a_leader_kill_and_a_frozen_member(
+    private_etcd_cluster: EtcdCluster,
+) -> None:
+    with (
+        leasekit.sync.connect(cluster_url(private_etcd_cluster)) as holder,
+        leasekit.sync.connect(cluster_url(private_etcd_cluster)) as rival,
+    ):
+        assert holder.native
+        granted = holder.acquire_lease("k", "holder", LONG_TTL_MS)
+        assert granted.token is not None
+        leader = private_etcd_cluster.wait_healthy()
+        leader.kill()
+        # The two left elect a new leader; meanwhile nobody else gets the key.
+        assert not answered(lambda: rival.acquire_lease("k", "rival", LONG_TTL_MS)).acquired
+        assert answered(lambda: holder.renew_lease("k", "holder", LONG_TTL_MS))
+        assert answered(lambda: rival.get_lease_owner("k")) == "holder"
+        leader.start()
+        private_etcd_cluster.wait_healthy()
+        # Freeze the member both providers are pinned to, or any: calls move on.
+        frozen = private_etcd_cluster.members[0]
+        frozen.pause()
+        try:
+            assert answered(lambda: holder.renew_lease("k", "holder", LONG_TTL_MS))
+            for _ in range(3):
+                denied = answered(lambda: rival.acquire_lease("k", "rival", LONG_TTL_MS))
+                assert (denied.acquired, denied.owner) == (False, "holder")
+            assert answered(lambda: holder.transfer_lease("k", "holder", "next", LONG_TTL_MS))
+            moved = answered(lambda: rival.acquire_lease("k", "next", LONG_TTL_MS))
+            assert moved.token is not None
+            assert moved.token > granted.token
+        finally:
+            frozen.resume()
+        private_etcd_cluster.wait_healthy()
+        answered(lambda: rival.release_lease("k", "next"))
+        assert answered(lambda: holder.get_lease_owner("k")) is None

@@ -194,6 +194,7 @@ class Member:
         self._credentials = credentials
         self._open_channel = open_channel
         self._channel = channel
+        self._closed = False
         if channel is not None:
             GrpcState.started = True
         self.owns_channel = channel is None
@@ -204,7 +205,9 @@ class Member:
     @property
     def channel(self) -> _rpc.Channel:
         if self._channel is None:
-            assert self._open_channel is not None
+            if self._closed or self._open_channel is None:
+                # Closed: a late call (a background revocation) must not open it again.
+                raise ConnectionError(f"{self.address}: the provider closed its channel")
             GrpcState.started = True
             self._channel = self._open_channel(self.address, self._tls)
             self._stubs = _rpc.Stubs(self._channel)
@@ -215,8 +218,9 @@ class Member:
         return self._channel is not None
 
     def take_channel(self) -> _rpc.Channel | None:
-        """The channel to close (None if never opened or a caller's); forgotten here."""
+        """The channel to close (None if never opened or a caller's); never opened again."""
         channel, self._channel = self._channel, None
+        self._closed = True
         return channel if self.owns_channel else None
 
     @property
