@@ -203,24 +203,22 @@ class EtcdSettings:
         )
 
 
+_TLS_ARGUMENTS: dict[str, Any] = {"tls": False, "ca": None, "cert": None, "key": None}
+
+
 def check_settings(
-    *,
-    client: object = None,
-    endpoints: Sequence[str] | None = None,
-    prefix: str = DEFAULT_PREFIX,
-    timeout_s: float = 5.0,
-    connect_timeout_s: float = 1.0,
-    username: str | None = None,
-    password: str | None = None,
-    reuse_leases: bool = True,
-    tls: bool = False,
-    ca: bytes | None = None,
-    cert: bytes | None = None,
-    key: bytes | None = None,
+    client: object, endpoints: Sequence[str] | None, **arguments: Any
 ) -> EtcdSettings:
     """Check a provider's constructor arguments (no I/O): those of
-    :class:`~leasekit_etcd.EtcdLeaseProvider`, whose docstring says what each means;
-    ``client`` is a caller's aetcd.Client, given instead of ``endpoints``."""
+    :class:`~leasekit_etcd.EtcdLeaseProvider`, whose docstring says what each means,
+    with its defaults for those left out; ``client`` is a caller's aetcd.Client, given
+    instead of ``endpoints``."""
+    given = {**{name: o.default for name, o in OPTIONS.options.items()}, **_TLS_ARGUMENTS}
+    unknown = sorted(set(arguments) - (set(given) - set(_TLS_FILES)))  # paths: from_url
+    if unknown:
+        raise InvalidLeaseArgument.for_argument(unknown[0], "is not an option of etcd providers")
+    given.update(arguments)
+    tls, ca, cert, key = (given[name] for name in _TLS_ARGUMENTS)
     if (client is None) == (endpoints is None):
         raise InvalidLeaseArgument.for_argument(
             "client", "give either an aetcd.Client or endpoints=[...], not both or neither"
@@ -231,10 +229,10 @@ def check_settings(
             f"must be an aetcd.Client, got {type(client).__module__}.{type(client).__qualname__}",
         )
     option = OPTIONS.options
-    checked_prefix = option["prefix"].validate(prefix)
-    checked_timeout_s = option["timeout_s"].validate(timeout_s)
-    checked_connect_s = option["connect_timeout_s"].validate(connect_timeout_s)
-    credentials = _check_credentials(username, password)
+    checked_prefix = option["prefix"].validate(given["prefix"])
+    checked_timeout_s = option["timeout_s"].validate(given["timeout_s"])
+    checked_connect_s = option["connect_timeout_s"].validate(given["connect_timeout_s"])
+    credentials = _check_credentials(given["username"], given["password"])
     if not tls and (ca or cert or key):
         raise InvalidLeaseArgument.for_argument("tls", "ca, cert and key need tls=True (etcds://)")
     if (cert is None) != (key is None):
@@ -248,7 +246,7 @@ def check_settings(
         timeout_s=checked_timeout_s,
         connect_timeout_s=checked_connect_s,
         credentials=credentials,
-        reuse_leases=option["reuse_leases"].validate(reuse_leases),
+        reuse_leases=option["reuse_leases"].validate(given["reuse_leases"]),
         tls=TlsFiles(ca, cert, key) if tls else None,
     )
 

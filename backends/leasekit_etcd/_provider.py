@@ -104,8 +104,8 @@ class EtcdLeaseProvider(BackendProvider):
         key: bytes | None = None,
     ) -> None:
         settings = check_settings(
-            client=client,
-            endpoints=endpoints,
+            client,
+            endpoints,
             prefix=prefix,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
@@ -307,7 +307,7 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     capabilities = CAPABILITIES
 
     def __init__(self, *, endpoints: Sequence[str], **options: Any) -> None:
-        settings = check_settings(endpoints=endpoints, **options)
+        settings = check_settings(None, endpoints, **options)
         super().__init__(timeout_s=settings.timeout_s, owns_client=True)
         self.prefix: str = settings.prefix
         self.endpoints = settings.endpoints
