@@ -2,7 +2,7 @@
 
 Registered in the ``leasekit.bench`` entry-point group for ``etcd`` and ``etcds``, and
 imported only when such a URL is benchmarked. Both read the URL with the provider's
-own parser (:func:`~leasekit_etcd._provider.url_settings`: endpoints, credentials,
+own parser (:func:`~leasekit_etcd._options.url_settings`: endpoints, credentials,
 ``prefix`` and the TLS files mean the same to each) and talk to its first endpoint.
 
 The floor is the least an owner-checked lease that leaves no etcd lease behind takes
@@ -46,7 +46,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench, SyncCycler
 
-from ._provider import url_settings
+from ._options import url_settings
 
 if TYPE_CHECKING:
     import aetcd  # type: ignore[import-untyped]

@@ -1,5 +1,10 @@
 """The cluster as the backend sees it: one gRPC channel per endpoint, and failover.
 
+The failover rules below are written once, as a sans-I/O generator
+(:meth:`Members.failover`) that yields steps (:class:`Connected`, :class:`Refuses`,
+:class:`Attempt`, :class:`Pause`); the asyncio transport (``_aio``) and the blocking
+one (``_blocking``) each run those steps on their own kind of channel.
+
 ``aetcd.Client`` talks to one endpoint. A consensus store is worth its price only if
 the client survives losing a member, so this thin layer does what etcd's Go client
 (clientv3) does, and no more:
@@ -32,28 +37,31 @@ the member says the token expired.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple
 
 from . import _rpc
 
 __all__ = [
+    "CHANNEL_OPTIONS",
     "SETTLE_S",
+    "Attempt",
+    "Connected",
     "Credentials",
+    "GrpcState",
     "Member",
     "Members",
+    "Pause",
+    "Refuses",
+    "Step",
     "TlsFiles",
+    "channel_opener",
     "describe",
     "failed_to_connect",
     "status",
 ]
 
-_T = TypeVar("_T")
-# How often wait_connected looks at a connecting channel's state.
-_STATE_POLL_S = 0.005
 # How long ``close`` lets gRPC deliver the last events of calls that were cancelled
 # or failed (by a deadline, a reset stream, or closing the channel under them). A
 # cancelled call's final batch completes in gRPC's core at once, but reaches this
@@ -63,14 +71,13 @@ _STATE_POLL_S = 0.005
 SETTLE_S = 0.25
 
 Metadata = tuple[tuple[str, str], ...]
-Invoke = Callable[["_rpc.Stubs", Metadata, float], Awaitable[_T]]
 
 _BASE_METADATA: Metadata = (("hasleader", "true"),)
 
 # gRPC channel settings: reconnect quickly once a member is back (the default backoff
 # grows to two minutes), and notice a dead connection while calls are waiting on it.
 # etcd refuses keepalive pings more often than every 5 s (--grpc-keepalive-min-time).
-_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
@@ -143,8 +150,34 @@ def describe(exc: BaseException) -> str:
     return f"{getattr(code, 'name', code)}: {details or 'no details'}"
 
 
+class GrpcState:
+    """Whether this process has opened a gRPC channel, so gRPC's core has started: a
+    child forked after that cannot use gRPC at all (its core's threads and pollers are
+    not in the child; grpc.aio has no fork support), on any channel, old or new."""
+
+    started = False
+
+
+OpenChannel = Callable[[str, TlsFiles | None], _rpc.Channel]
+"""Opens a transport's kind of channel (asyncio or blocking) to an address."""
+
+
+def channel_opener(*, blocking: bool) -> OpenChannel:
+    """Opens grpc.aio channels, or blocking ones, with this module's settings and TLS."""
+
+    def open_channel(address: str, tls: TlsFiles | None) -> _rpc.Channel:
+        if tls is None:
+            insecure = _rpc.blocking_insecure_channel if blocking else _rpc.insecure_channel
+            return insecure(address, CHANNEL_OPTIONS)
+        creds = _rpc.ssl_credentials(tls.ca, tls.key, tls.cert)
+        secure = _rpc.blocking_secure_channel if blocking else _rpc.secure_channel
+        return secure(address, creds, CHANNEL_OPTIONS)
+
+    return open_channel
+
+
 class Member:
-    """One endpoint: its channel (opened on first use), stubs and auth token."""
+    """One endpoint: its channel (opened on first use by ``open_channel``), stubs, token."""
 
     def __init__(
         self,
@@ -152,14 +185,19 @@ class Member:
         *,
         tls: TlsFiles | None,
         credentials: Credentials | None,
+        open_channel: OpenChannel | None = None,
         channel: _rpc.Channel | None = None,
         metadata: Metadata = (),
     ) -> None:
         self.address = address
         self._tls = tls
         self._credentials = credentials
+        self._open_channel = open_channel
         self._channel = channel
-        self._owns_channel = channel is None
+        self._closed = False
+        if channel is not None:
+            GrpcState.started = True
+        self.owns_channel = channel is None
         self._stubs = None if channel is None else _rpc.Stubs(channel)
         self._extra_metadata = metadata
         self._token: str | None = None
@@ -167,13 +205,23 @@ class Member:
     @property
     def channel(self) -> _rpc.Channel:
         if self._channel is None:
-            if self._tls is None:
-                self._channel = _rpc.insecure_channel(self.address, _CHANNEL_OPTIONS)
-            else:
-                creds = _rpc.ssl_credentials(self._tls.ca, self._tls.key, self._tls.cert)
-                self._channel = _rpc.secure_channel(self.address, creds, _CHANNEL_OPTIONS)
+            if self._closed or self._open_channel is None:
+                # Closed: a late call (a background revocation) must not open it again.
+                raise ConnectionError(f"{self.address}: the provider closed its channel")
+            GrpcState.started = True
+            self._channel = self._open_channel(self.address, self._tls)
             self._stubs = _rpc.Stubs(self._channel)
         return self._channel
+
+    @property
+    def opened(self) -> bool:
+        return self._channel is not None
+
+    def take_channel(self) -> _rpc.Channel | None:
+        """The channel to close (None if never opened or a caller's); never opened again."""
+        channel, self._channel = self._channel, None
+        self._closed = True
+        return channel if self.owns_channel else None
 
     @property
     def stubs(self) -> _rpc.Stubs:
@@ -194,68 +242,53 @@ class Member:
     def authenticates(self) -> bool:
         return self._credentials is not None
 
-    async def authenticate(self, timeout_s: float) -> None:
+    def authenticate_request(self) -> _rpc.Request:
         assert self._credentials is not None
-        request = _rpc.authenticate_request(self._credentials.username, self._credentials.password)
-        response = await self.stubs.auth.Authenticate(request, timeout=timeout_s)
+        return _rpc.authenticate_request(self._credentials.username, self._credentials.password)
+
+    def got_token(self, response: Any) -> None:
         self._token = str(response.token)
 
     def forget_token(self) -> None:
         self._token = None
 
-    def connected(self) -> bool:
-        return bool(self.channel.get_state(try_to_connect=True) == _rpc.ChannelState.READY)
 
-    async def wait_connected(self, wait_s: float) -> bool:
-        """Whether the channel is (or becomes, within ``wait_s``) connected.
+class Connected(NamedTuple):
+    """Step: is ``member``'s channel connected, or does it connect within ``wait_s``?
+    Answered with a bool; a channel that failed to connect is reported at once."""
 
-        A channel that failed to connect (refused, unreachable) is reported at once, so
-        the caller can move on to another member without waiting.
-        """
-        channel = self.channel
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        state = channel.get_state(try_to_connect=True)
-        while state != _rpc.ChannelState.READY:
-            if state in (_rpc.ChannelState.TRANSIENT_FAILURE, _rpc.ChannelState.SHUTDOWN):
-                return False
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            # Look again shortly rather than await wait_for_state_change(): cancelling
-            # that at a timeout leaves gRPC's watch pending in its completion queue, and
-            # when it completes after this event loop closed, gRPC's poller raises
-            # "Event loop is closed" into whichever loop runs it next.
-            await asyncio.sleep(min(_STATE_POLL_S, remaining))
-            state = channel.get_state(try_to_connect=True)
-        return True
+    member: Member
+    wait_s: float
 
-    async def refuses_connections(self, wait_s: float) -> bool:
-        """Whether a new TCP connection to the member is refused right now.
 
-        gRPC repeats the refusal of its last attempt for as long as it waits before the
-        next one (up to a second here), so a member that has just come back would still
-        look down; the member's port itself tells. Anything but a refusal (a timeout,
-        an unreachable network) is not one: the call keeps trying until its deadline.
-        """
-        host, _, port = self.address.rpartition(":")
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port)), wait_s
-            )
-        except ConnectionRefusedError:
-            return True
-        except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
-            return False
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return False
+class Refuses(NamedTuple):
+    """Step: is a new TCP connection to ``member`` refused right now? (a bool)
 
-    async def close(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None and self._owns_channel:
-            await channel.close()
+    gRPC repeats the refusal of its last attempt for as long as it waits before the
+    next one (up to a second here), so a member that has just come back would still
+    look down; the member's port itself tells. Anything but a refusal (a timeout, an
+    unreachable network) is not one.
+    """
+
+    member: Member
+    wait_s: float
+
+
+class Attempt(NamedTuple):
+    """Step: the call itself on ``member`` (authenticating first if it needs a token),
+    bounded by ``timeout_s``; answered with its reply, or its gRPC error thrown in."""
+
+    member: Member
+    timeout_s: float
+
+
+class Pause(NamedTuple):
+    """Step: sleep ``seconds`` before the next pass over the members."""
+
+    seconds: float
+
+
+Step = Connected | Refuses | Attempt | Pause
 
 
 class Members:
@@ -266,8 +299,9 @@ class Members:
         self.connect_timeout_s = connect_timeout_s
         self._pinned = 0
         self.last_failure: str | None = None
-        self._in_flight = 0
-        self._cut_off_at: float | None = None
+        self.in_flight = 0
+        #: when a call was last cut off (cancelled, or failed): see ``SETTLE_S``
+        self.cut_off_at: float | None = None
         self.streams_opened = False
         """Set by a caller that opened a stream of its own (a watch) on a member's channel."""
 
@@ -279,17 +313,18 @@ class Members:
         if self.members[self._pinned] is member:
             self._pinned = (self._pinned + 1) % len(self.members)
 
-    async def call(self, invoke: Invoke[_T], *, deadline: float, safe: bool) -> _T:
-        """Run ``invoke(stubs, metadata, timeout_s)`` on a member, failing over as above.
+    def failover(
+        self, *, deadline: float, safe: bool, now: Callable[[], float]
+    ) -> Generator[Step, Any, Any]:
+        """One call on a member, failing over as above: yields steps, returns the reply.
 
-        ``deadline`` is the ``loop.time()`` by which the whole call must be done (the
-        provider also bounds it, so this never outlives it). While no member can take
-        the call (no leader yet, a member restarting) it keeps trying, so a restart or
-        an election within the deadline is invisible to the caller. But when every
-        member refuses connections, nobody is listening: that is raised at once
+        ``deadline`` is the ``now()`` by which the whole call must be done (the provider
+        also bounds it, so this never outlives it). While no member can take the call
+        (no leader yet, a member restarting) it keeps trying, so a restart or an
+        election within the deadline is invisible to the caller. But when every member
+        refuses connections, nobody is listening: that is raised at once
         (``ConnectionRefusedError``, or gRPC's own error for a failed TLS handshake).
         """
-        loop = asyncio.get_running_loop()
         count = len(self.members)
         pause_s = 0.02
         while True:
@@ -298,23 +333,22 @@ class Members:
             for offset in range(count):
                 index = (self._pinned + offset) % count
                 member = self.members[index]
-                remaining = deadline - loop.time()
+                remaining = deadline - now()
                 if remaining <= 0:
                     raise TimeoutError
-                if count > 1 and not await member.wait_connected(
-                    min(remaining, self.connect_timeout_s)
+                if count > 1 and not (
+                    yield Connected(member, min(remaining, self.connect_timeout_s))
                 ):
                     self.last_failure = f"{member.address}: not connected"
-                    unreachable += await member.refuses_connections(self.connect_timeout_s)
+                    unreachable += yield Refuses(member, self.connect_timeout_s)
                     continue
                 try:
-                    result = await self._attempt(member, invoke, deadline, safe=safe)
-                except _rpc.AioRpcError as exc:
+                    result = yield from self._attempt(member, deadline, safe=safe, now=now)
+                except _rpc.RpcError as exc:
                     self.last_failure = f"{member.address}: {describe(exc)}"
                     if _was_not_applied(exc) or (safe and _is_transient(exc)):
                         if failed_to_connect(exc) and (
-                            _is_tls_failure(exc)
-                            or await member.refuses_connections(self.connect_timeout_s)
+                            _is_tls_failure(exc) or (yield Refuses(member, self.connect_timeout_s))
                         ):
                             unreachable += 1
                             connect_error = exc
@@ -332,56 +366,32 @@ class Members:
                 self.last_failure = None  # the message names them all
                 raise ConnectionRefusedError("every member refused the connection")
             # No member took the call in this pass: give them a moment, then try again.
-            await asyncio.sleep(min(pause_s, max(0.0, deadline - loop.time())))
+            yield Pause(min(pause_s, max(0.0, deadline - now())))
             pause_s = min(pause_s * 2, 0.25)
 
-    async def _attempt(
-        self, member: Member, invoke: Invoke[_T], deadline: float, *, safe: bool
-    ) -> _T:
-        loop = asyncio.get_running_loop()
+    def _attempt(
+        self, member: Member, deadline: float, *, safe: bool, now: Callable[[], float]
+    ) -> Generator[Step, Any, Any]:
         for tries in range(2):
-            remaining = deadline - loop.time()
+            remaining = deadline - now()
             if remaining <= 0:
                 raise TimeoutError
             if safe and len(self.members) > 1:
                 # A frozen member must leave time for the others.
                 remaining = min(remaining, max(0.25, remaining / 2))
-            self._in_flight += 1
             try:
-                if member.needs_token:
-                    await member.authenticate(remaining)
-                return await invoke(member.stubs, member.metadata, remaining)
-            except asyncio.CancelledError:
-                self._cut_off_at = loop.time()
+                return (yield Attempt(member, remaining))
+            except GeneratorExit:  # cancelled
+                self.cut_off_at = now()
                 raise
-            except _rpc.AioRpcError as exc:
+            except _rpc.RpcError as exc:
                 # A call that failed (its gRPC deadline passed, its stream was reset) may
                 # still owe this loop completions of its other operations, as a
                 # cancelled one does.
-                self._cut_off_at = loop.time()
+                self.cut_off_at = now()
                 # An expired token is refused before anything is applied: renew, repeat.
                 if tries == 0 and _is_expired_token(exc) and member.authenticates:
                     member.forget_token()
                     continue
                 raise
-            finally:
-                self._in_flight -= 1
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def close(self) -> None:
-        """Close every channel, then let gRPC deliver what the cancelled calls still owe.
-
-        Closing a channel cancels the calls still on it; a call that a deadline
-        cancelled, or that failed, moments ago is in the same state. Both are given
-        ``SETTLE_S`` on this event loop, so that no event of theirs outlives it.
-        """
-        loop = asyncio.get_running_loop()
-        cancelled = self._in_flight > 0 or self.streams_opened
-        for member in self.members:
-            await member.close()
-        settle_until = loop.time() + SETTLE_S if cancelled else None
-        if self._cut_off_at is not None:
-            recent = self._cut_off_at + SETTLE_S
-            settle_until = recent if settle_until is None else max(settle_until, recent)
-        if settle_until is not None and settle_until > loop.time():
-            await asyncio.sleep(settle_until - loop.time())

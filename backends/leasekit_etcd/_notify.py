@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from leasekit.backend import ReleaseHub, ReleaseWatch
 
-__all__ = ["EtcdReleaseListener"]
+from . import _rpc
+from ._aio import AioTransport
+
+__all__ = ["EtcdReleaseListener", "WatchStream"]
 
 _log = logging.getLogger("leasekit.etcd")
 
@@ -107,6 +110,45 @@ class EtcdReleaseListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(watcher.shutdown(), self._timeout_s)
         self.hub.notify_all()
+
+
+class WatchStream:
+    """The watch stream a provider's listener uses: an ``aetcd.watcher.Watcher`` made on
+    first use on the member operations are pinned to then, and made afresh after a
+    failure (:meth:`lost`). ``spawn`` runs the old stream's shutdown in the background."""
+
+    def __init__(
+        self,
+        transport: Callable[[], Awaitable[AioTransport]],
+        *,
+        timeout_s: float,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
+    ) -> None:
+        self._transport = transport
+        self._timeout_s = timeout_s
+        self._spawn = spawn
+        self._watcher: Any = None
+
+    async def __call__(self) -> Any:
+        if self._watcher is None:
+            transport = await self._transport()
+            member = transport.members.pinned
+            if member.needs_token:
+                await transport.authenticate(member, self._timeout_s)
+            self._watcher = _rpc.release_watcher(member.stubs, member.metadata)
+            transport.members.streams_opened = True
+        return self._watcher
+
+    def lost(self) -> None:
+        """A watch failed: the next wait starts a stream on whichever member is pinned."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            self._spawn(watcher.shutdown())
+
+    async def cut(self) -> None:
+        """Cut the stream, as a failed member would (for tests)."""
+        if self._watcher is not None:
+            await self._watcher._terminate_stream(ConnectionError("watch stream cut"))
 
 
 def _ignore_outcome(future: asyncio.Future[Any]) -> None:

@@ -1,4 +1,4 @@
-"""A narrow typed face over the untyped pieces: grpc's asyncio API and aetcd's messages.
+"""A narrow typed face over the untyped pieces: grpc's channels and aetcd's messages.
 
 The backend speaks etcd's v3 gRPC API with the protobuf messages and service stubs
 that ``aetcd`` ships (``aetcd.rpc``), over channels it opens itself: ``aetcd.Client``
@@ -37,8 +37,11 @@ __all__ = [
     "RangeResponse",
     "Request",
     "ResponseHeader",
+    "RpcError",
     "StatusCode",
     "TxnResponse",
+    "blocking_insecure_channel",
+    "blocking_secure_channel",
     "compare_create",
     "compare_value",
     "delete_op",
@@ -49,6 +52,7 @@ __all__ = [
     "secure_channel",
     "ssl_credentials",
     "txn_request",
+    "unary",
 ]
 
 Request: TypeAlias = Any
@@ -57,6 +61,8 @@ Request: TypeAlias = Any
 Channel: TypeAlias = Any
 """A ``grpc.aio.Channel``."""
 
+# Every failed call: grpc.aio's AioRpcError and the blocking channel's errors alike.
+RpcError: type[Exception] = grpc.RpcError
 AioRpcError: type[Exception] = grpc.aio.AioRpcError
 # What a caller's own aetcd.Client raises (its connect): aetcd wraps gRPC's errors.
 AetcdClientError: type[Exception] = _aetcd_errors.ClientError
@@ -244,8 +250,36 @@ def secure_channel(target: str, credentials: Any, options: Sequence[tuple[str, A
     return grpc.aio.secure_channel(target, credentials, options=list(options))
 
 
+def blocking_insecure_channel(target: str, options: Sequence[tuple[str, Any]]) -> Channel:
+    """A blocking ``grpc.Channel``: the same stubs work on it, each call blocking."""
+    return grpc.insecure_channel(target, options=list(options))
+
+
+def blocking_secure_channel(
+    target: str, credentials: Any, options: Sequence[tuple[str, Any]]
+) -> Channel:
+    return grpc.secure_channel(target, credentials, options=list(options))
+
+
+_SERVICE_OF = {
+    "Range": "kv",
+    "Txn": "kv",
+    "LeaseGrant": "lease",
+    "LeaseRevoke": "lease",
+    "LeaseTimeToLive": "lease",
+    "LeaseLeases": "lease",
+}
+
+
+def unary(stubs: Stubs, method: str, request: Request, metadata: Any, timeout_s: float) -> Any:
+    """Start the unary call ``method`` (``Range``, ``LeaseGrant``...): an awaitable on a
+    grpc.aio channel's stubs, the reply itself on a blocking one's."""
+    service = getattr(stubs, _SERVICE_OF[method])
+    return getattr(service, method)(request, timeout=timeout_s, metadata=metadata)
+
+
 class Stubs:
-    """The etcd services the backend calls, bound to one channel."""
+    """The etcd services the backend calls, bound to one channel (asyncio or blocking)."""
 
     def __init__(self, channel: Channel) -> None:
         self.kv: Any = _pb.KVStub(channel)

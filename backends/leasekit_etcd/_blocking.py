@@ -1,0 +1,189 @@
+"""The blocking transport: grpc's blocking channels, with the same stubs and failover.
+
+:class:`BlockingTransport` runs an operation of ``_ops`` with
+:func:`~leasekit.backend.drive` from the caller's thread: each call goes to a member by
+the failover rules of ``_members`` (whose steps are run here with blocking calls),
+with ``timeout=`` the time left of the operation's ``timeout_s``, so a stalled cluster
+raises ``DEADLINE_EXCEEDED`` (a :class:`~leasekit.LeaseBackendTimeout`) in time. The
+etcd leases the operations leave empty are revoked by one background thread
+(:class:`Revoker`). Only I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from typing import Any, TypeVar
+
+from leasekit.backend import Operation, drive
+
+from . import _ops, _rpc
+from ._members import (
+    Attempt,
+    Connected,
+    Member,
+    Members,
+    Pause,
+    Refuses,
+    Step,
+    channel_opener,
+)
+from ._ops import Call, Request
+
+__all__ = ["BlockingTransport", "Revoker", "open_channel"]
+
+_T = TypeVar("_T")
+_READY = _rpc.ChannelState.READY
+_FAILED = (_rpc.ChannelState.TRANSIENT_FAILURE, _rpc.ChannelState.SHUTDOWN)
+
+
+open_channel = channel_opener(blocking=True)
+"""Opens this transport's kind of channel to an address, with TLS when given."""
+
+
+def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float) -> Any:
+    # One request on the stream, then half-closed; etcd answers it and ends the stream.
+    responses = stubs.lease.LeaseKeepAlive(iter((request,)), timeout=timeout_s, metadata=metadata)
+    try:
+        return next(responses)
+    finally:
+        responses.cancel()
+
+
+class _Connectivity:
+    """A blocking channel's state as gRPC reports it (``subscribe``), to wait on."""
+
+    def __init__(self, channel: _rpc.Channel) -> None:
+        self.state: Any = None
+        self._changed = threading.Condition()
+        channel.subscribe(self._update, try_to_connect=True)
+
+    def _update(self, state: Any) -> None:
+        with self._changed:
+            self.state = state
+            self._changed.notify_all()
+
+    def wait_connected(self, wait_s: float) -> bool:
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self.state == _READY or self.state in _FAILED, timeout=wait_s
+            )
+            return bool(self.state == _READY)
+
+
+class BlockingTransport:
+    """An operation's calls on blocking grpc channels, with failover; thread-safe."""
+
+    def __init__(self, members: Members) -> None:
+        self.members = members
+        self._opening = threading.Lock()
+        self._connectivity: dict[int, _Connectivity] = {}
+
+    def run(self, operation: Operation[Request, _T], timeout_s: float) -> _T:
+        """Drive ``operation`` to its result, all its calls within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        return drive(operation, lambda request: self._exchange(request, deadline))
+
+    def _exchange(self, request: Request, deadline: float) -> Any:
+        if type(request) is tuple:
+            return [self.call(call, deadline) for call in request]
+        assert isinstance(request, Call)
+        return self.call(request, deadline)
+
+    def call(self, call: Call, deadline: float) -> Any:
+        """One call on a member, failing over by the rules of ``_members``."""
+        policy = self.members.failover(deadline=deadline, safe=call.safe, now=time.monotonic)
+        return drive(policy, lambda step: self._step(step, call), throws=_rpc.RpcError)
+
+    def _stubs(self, member: Member) -> _rpc.Stubs:
+        if not member.opened:
+            with self._opening:
+                if not member.opened:
+                    self._connectivity[id(member)] = _Connectivity(member.channel)
+        return member.stubs
+
+    def _step(self, step: Step, call: Call) -> Any:
+        if type(step) is Attempt:
+            member, timeout_s = step
+            stubs = self._stubs(member)
+            if member.needs_token:
+                request = member.authenticate_request()
+                member.got_token(stubs.auth.Authenticate(request, timeout=timeout_s))
+            if call.method == "LeaseKeepAlive":
+                return _keep_alive(stubs, call.request, member.metadata, timeout_s)
+            return _rpc.unary(stubs, call.method, call.request, member.metadata, timeout_s)
+        if type(step) is Connected:
+            self._stubs(step.member)
+            return self._connectivity[id(step.member)].wait_connected(step.wait_s)
+        if type(step) is Refuses:
+            return _refuses_connections(step.member, step.wait_s)
+        assert isinstance(step, Pause)
+        time.sleep(step.seconds)
+        return None
+
+    def close(self) -> None:
+        """Close every channel this transport opened; calls on them fail (CANCELLED)."""
+        with self._opening:
+            for member in self.members.members:
+                channel = member.take_channel()
+                if channel is not None:
+                    channel.close()
+
+
+def _refuses_connections(member: Member, wait_s: float) -> bool:
+    """Whether a new TCP connection to the member is refused right now (see ``Refuses``)."""
+    host, _, port = member.address.rpartition(":")
+    try:
+        connection = socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+    connection.close()
+    return False
+
+
+class Revoker:
+    """Revokes etcd leases on one background thread, off the callers' path.
+
+    The etcd leases a release, a transfer or a denied acquire leaves without a record
+    (and those an operation that failed may have bound) are revoked here, each bounded
+    by ``timeout_s``; one that cannot be revoked ends at its TTL. The thread starts
+    with the first lease; :meth:`drain` waits for what is queued.
+    """
+
+    def __init__(self, transport: BlockingTransport, timeout_s: float) -> None:
+        self._transport = transport
+        self._timeout_s = timeout_s
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def __call__(self, lease_id: int) -> None:
+        self._queue.put(lease_id)
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, name="leasekit-etcd-revoke", daemon=True
+                    )
+                    self._thread.start()
+
+    def _work(self) -> None:
+        while (lease_id := self._queue.get()) is not None:
+            # If the store is failing, the lease expires with its TTL anyway.
+            with contextlib.suppress(Exception):
+                self._transport.run(_ops.revoke(lease_id), self._timeout_s)
+            self._queue.task_done()
+        self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait (up to ``timeout_s`` more) for the queued revocations, then stop the thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._queue.put(None)
+        thread.join(self._timeout_s)
