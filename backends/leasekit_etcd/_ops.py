@@ -1,4 +1,4 @@
-# Over 500 lines on purpose: the transactions, their replies and the operations are one layer.
+# A module over 500 lines: the transactions, their replies and the operations are one layer.
 """etcd's transactions and every operation built on them, as sans-I/O generators.
 
 Each operation (:func:`acquire`, :func:`owner`, :func:`release`, :func:`release_grant`,
