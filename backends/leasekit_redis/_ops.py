@@ -10,8 +10,9 @@ the validation. The async provider drives an operation with
 the reading of replies exist here once. Data that no leasekit script wrote raises
 :class:`~leasekit.LeaseBackendError` naming the prefix.
 
-Every operation is one round trip; a generator per operation costs about 1 % of the
-1-task acquire + release cycle's client instructions (docs/benchmarks.md).
+Every operation is one round trip. A generator per operation (and its driver) costs
+about 2 % of the 1-task acquire + release cycle's client instructions (cachegrind:
+674k against 662k with the request builders and reply readers called directly).
 """
 
 from __future__ import annotations
