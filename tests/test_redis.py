@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("redis", "the Redis tests")
 
 from leasekit_contract import LeaseProviderContract
-from leasekit_redis import LeaseRecord, RedisLeaseProvider, _replies
+from leasekit_redis import LeaseRecord, RedisLeaseProvider
 
 pytestmark = pytest.mark.anyio
 
@@ -499,48 +499,6 @@ async def test_a_wrong_password_is_unreachable_at_once_and_never_shown(
         await exercise_every_operation(provider, "k")
 
 
-# -- requests and replies, without I/O -------------------------------------------------------
-
-
-def test_requests_are_the_commands_to_send() -> None:
-    call = _replies.acquire_request(b"p:", "k{1}", "me", 500, counter_ttl_ms=1000)
-    assert call.evalsha()[0] == "EVALSHA"
-    assert call.evalsha()[2:] == (2, b"p:{k%7B1%7D}", b"p:{k%7B1%7D}:fence", b"me", 500, 1500)
-    assert call.eval()[1] == call.script.source
-    forever = _replies.renew_request(b"p:", "k", "me", 500, counter_ttl_ms=None)
-    assert forever.args == (b"me", 500, 0)
-    transfer = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1)
-    assert transfer.args == (b"a", b"b", 9, 10, b"")
-    told = _replies.transfer_request(b"p:", "k", "a", "b", 9, counter_ttl_ms=1, publish=b"PUBLISH")
-    assert told.args[-1] == b"PUBLISH"
-    assert _replies.release_request(b"p:", "k", "a").keys == (b"p:{k}",)
-    assert _replies.release_request(b"p:", "k", "a", publish=b"SPUBLISH").args == (
-        b"a",
-        b"SPUBLISH",
-    )
-    assert _replies.remaining_request(b"p:", "k") == ("PTTL", b"p:{k}")
-    assert _replies.read_remaining(-2) is None
-    assert _replies.read_remaining(0) == 1
-    assert _replies.read_remaining(1500) == 1500
-    assert _replies.owner_request(b"p:", "k") == ("GET", b"p:{k}")
-
-
-def test_replies_read_as_the_contract_says() -> None:
-    assert _replies.read_acquire(17, "me") == leasekit.LeaseResult(True, "me", 17)
-    assert _replies.read_acquire(b"other\0", "me") == leasekit.LeaseResult(False, "other\0")
-    assert _replies.read_acquire("other", "me") == leasekit.LeaseResult(False, "other")
-    assert _replies.read_owner(None) is None
-    assert _replies.read_owner(b"12 a b") == "a b"
-    assert _replies.read_lease_value("3 x") == ("x", 3)
-    assert _replies.read_flag(1) is True
-    assert _replies.read_flag(0) is False
-    for garbled in (b"nope", b"12 ", b"x y", [1], 1.5):
-        with pytest.raises(_replies.GarbledReply):
-            _replies.read_owner(garbled)
-    with pytest.raises(_replies.GarbledReply):
-        _replies.read_acquire(b"\xff", "me")
-
-
 # -- names: binary-safe, hash-tagged, listed -----------------------------------------------
 
 AWKWARD_KEYS = [
@@ -913,7 +871,7 @@ async def test_a_batch_waiting_for_a_connection_takes_in_what_is_started_meanwhi
 ) -> None:
     url = f"{private_redis_server.url}?max_connections=1"
     async with RedisLeaseProvider.from_url(url, prefix=redis_prefix) as provider:
-        slots = provider._slots
+        slots = provider._pipeline.slots
         assert slots is not None
         await slots.acquire()  # the only connection is busy, as if with another command
         try:

@@ -8,12 +8,8 @@ Install with ``pip install 'leasekit[redis]'``; see ``docs/backends/redis.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from ._provider import LeaseRecord, RedisClient, RedisLeaseProvider
-
-if TYPE_CHECKING:
-    from ._sync import RedisSyncClient, RedisSyncLeaseProvider
+from ._blocking import RedisSyncClient
+from ._provider import LeaseRecord, RedisClient, RedisLeaseProvider, RedisSyncLeaseProvider
 
 __all__ = [
     "LeaseRecord",
@@ -22,12 +18,3 @@ __all__ = [
     "RedisSyncClient",
     "RedisSyncLeaseProvider",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The blocking provider loads on first use: async code never imports it.
-    if name in {"RedisSyncClient", "RedisSyncLeaseProvider"}:
-        from . import _sync  # noqa: PLC0415
-
-        return getattr(_sync, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,16 +1,17 @@
 """What the async and the blocking Redis providers share: options, URL parsing, errors.
 
 One source for both: :func:`parse` reads a ``redis://`` / ``rediss://`` URL and
-options into :class:`RedisSettings` (everything validated, nothing connected), and
-:data:`ERRORS` maps redis-py's exceptions, which its asyncio and blocking clients
-share, to leasekit's.
+options into :class:`RedisSettings` (everything validated, nothing connected);
+:func:`check` and :func:`check_client` are both constructors' checks;
+:data:`CAPABILITIES` is what the backend promises; and :data:`ERRORS` maps
+redis-py's exceptions, which its asyncio and blocking clients share, to leasekit's.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
@@ -25,23 +26,53 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from leasekit import (
+    Capabilities,
     InvalidLeaseArgument,
     LeaseBackendError,
     LeaseBackendTimeout,
     LeaseBackendUnreachable,
 )
-from leasekit.backend import ErrorMap, Option, OptionSet, parse_url, timeout_option
+from leasekit.backend import (
+    ErrorMap,
+    Option,
+    OptionSet,
+    parse_url,
+    redact_url,
+    timeout_option,
+)
 
 __all__ = [
+    "BACKEND",
+    "CAPABILITIES",
     "COUNTER_TTL",
     "ERRORS",
+    "INSPECT_LIMIT",
     "PREFIX",
     "TIMEOUT",
+    "Checked",
     "RedisSettings",
+    "check",
+    "check_client",
     "connection_settings",
+    "describe_server",
     "garbled",
     "parse",
 ]
+
+BACKEND = "redis"
+CAPABILITIES = Capabilities(
+    atomic_transfer=True,
+    fencing=True,
+    ttl_resolution_ms=1,
+    min_ttl_ms=1,
+    server_clock=True,
+    shared_across_processes=True,
+    shared_across_hosts=True,
+    persistent=False,
+    release_notifications=True,
+)
+"""Both providers'; the async one turns notifications off on a cluster client without
+pub/sub (redis-py before 8)."""
 
 _SCHEMES = ("redis", "rediss")
 DEFAULT_PORT = 6379
@@ -93,8 +124,9 @@ _DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "ti
     "ssl_ciphers",
     "ssl_password",
 }
-# Operations started in one event-loop iteration share one pipeline (see _pipeline).
+# Operations started in one event-loop iteration share one pipeline (see _aio).
 AUTOPIPELINE = Option("autopipeline", bool, True)
+INSPECT_LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
 _OPTIONS = (PREFIX, TIMEOUT, COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS, AUTOPIPELINE)
 # TLS settings only make sense, and only pass through, with rediss://.
 _OPTION_SETS = {
@@ -137,7 +169,7 @@ ERRORS: ErrorMap = _RedisErrors(
         RedisClusterException: LeaseBackendError,
         RedisError: LeaseBackendError,
     },
-    backend="redis",
+    backend=BACKEND,
 )
 
 
@@ -156,6 +188,39 @@ class RedisSettings:
     """The URL as messages show it: no password."""
     autopipeline: bool = True
     """Whether the async provider writes operations started together as one pipeline."""
+
+
+class Checked(NamedTuple):
+    """A constructor's settings, each checked (see :func:`check`)."""
+
+    prefix: str
+    timeout_s: float
+    counter_ttl_ms: int | None
+
+
+def check(prefix: str, timeout_s: float, counter_ttl_ms: int | None) -> Checked:
+    """Both providers' constructor checks; raises :class:`~leasekit.InvalidLeaseArgument`."""
+    return Checked(
+        PREFIX.validate(prefix), TIMEOUT.validate(timeout_s), COUNTER_TTL.validate(counter_ttl_ms)
+    )
+
+
+def check_client(client: object, accepted: tuple[type, ...], what: str) -> None:
+    """Refuse a client that is not one of ``accepted`` (``what`` names them for the message)."""
+    if not isinstance(client, accepted):
+        raise InvalidLeaseArgument.for_argument(
+            "client",
+            f"must be {what}, got {type(client).__module__}.{type(client).__qualname__}",
+        )
+
+
+def describe_server(connection_kwargs: dict[str, Any]) -> str:
+    """``host:port`` (or the socket path) of a single server's pool, for messages."""
+    if "host" in connection_kwargs:
+        return f"{connection_kwargs['host']}:{connection_kwargs.get('port', DEFAULT_PORT)}"
+    if "path" in connection_kwargs:
+        return redact_url(str(connection_kwargs["path"]))
+    return ""
 
 
 def parse(url: str, options: dict[str, Any]) -> RedisSettings:
@@ -226,7 +291,7 @@ def garbled(exc: ValueError, *, prefix: str, key: str | None) -> LeaseBackendErr
     return LeaseBackendError(
         f"unexpected data at the lease's Redis key ({exc}); is another program "
         f"writing under the prefix {prefix!r}?",
-        backend="redis",
+        backend=BACKEND,
         key=key,
     )
 

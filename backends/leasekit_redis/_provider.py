@@ -1,65 +1,47 @@
-"""``RedisLeaseProvider``: leases in Redis, one Lua script (one round trip) per operation.
+"""The Redis providers, async and blocking: lifecycle only, one Lua script per operation.
 
-Each write is one script (``_lua``) that reads, checks ownership and writes without
-any other command in between; the owner lookup is a single ``GET``. What to send and
-how to read the answer are pure functions (``_replies``); this module only drives them
-over redis-py's asyncio client, on the lifecycle, deadlines and error mapping of
-:class:`leasekit.backend.BackendProvider`. Expiry is Redis's own ``PX`` TTL on the
-server clock. Works on a single server, behind Sentinel-managed clients, and on Redis
-Cluster: the names a script touches share one hash tag (``_keys``). Operations that
-many tasks start together are written together, one pipeline per event-loop iteration
-(``_pipeline``); one alone goes out at once.
+Each operation (``_ops``) is one script that reads, checks ownership and writes with no
+other command in between, or a single ``GET``; validation, requests and replies are
+written there once. :class:`RedisLeaseProvider` drives them with
+:func:`~leasekit.backend.drive_async` over ``_aio`` (auto-pipelined, in turns), and
+:class:`RedisSyncLeaseProvider` with :func:`~leasekit.backend.drive` over
+``_blocking``, each inside its toolkit base's ``_call`` (deadlines, error mapping,
+closing, fork). Expiry is Redis's own ``PX`` TTL on the server clock. Works on a single
+server, behind Sentinel-managed clients, and on Redis Cluster (``_keys``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
+from typing import Any, ClassVar
 
+import redis
 import redis.asyncio
-from redis.asyncio.connection import BlockingConnectionPool
-from redis.asyncio.retry import Retry
-from redis.exceptions import (
-    RedisClusterException,
-    RedisError,
-)
 
-from leasekit import (
-    Capabilities,
-    InvalidLeaseArgument,
-    LeaseBackendError,
-    LeaseResult,
-    validate_key,
-)
+from leasekit import LeaseResult, validate_key
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
     LeaseRecord,
-    Option,
     ReleaseHub,
     ReleaseWatch,
     RenewItem,
+    SyncBackendProvider,
     check_renew_items,
-    redact_url,
+    drive,
+    drive_async,
 )
 
-from . import _keys, _ops, _options, _replies
+from . import _aio, _blocking, _keys, _ops, _options
+from ._aio import RedisClient
+from ._blocking import RedisSyncClient
 from ._notify import RedisReleaseListener
-from ._pipeline import AutoPipeline
 
-if TYPE_CHECKING:
-    from ._sync import RedisSyncLeaseProvider
+__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider", "RedisSyncLeaseProvider"]
 
-__all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider"]
-
-RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
-"""The clients the provider accepts: redis-py's asyncio client, single server or cluster."""
-
-_T = TypeVar("_T")
 _INSPECT_BATCH = 256
-_LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
 
 
 class RedisLeaseProvider(BackendProvider):
@@ -93,18 +75,8 @@ class RedisLeaseProvider(BackendProvider):
     writes. Fencing tokens keep increasing across both.
     """
 
-    backend = "redis"
-    capabilities = Capabilities(
-        atomic_transfer=True,
-        fencing=True,
-        ttl_resolution_ms=1,
-        min_ttl_ms=1,
-        server_clock=True,
-        shared_across_processes=True,
-        shared_across_hosts=True,
-        persistent=False,
-        release_notifications=True,
-    )
+    backend = _options.BACKEND
+    capabilities = _options.CAPABILITIES
     errors: ClassVar[ErrorMap] = _options.ERRORS
 
     def __init__(
@@ -117,45 +89,31 @@ class RedisLeaseProvider(BackendProvider):
         autopipeline: bool = _options.AUTOPIPELINE.default,
         close_client: bool = False,
     ) -> None:
-        if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
-            raise InvalidLeaseArgument.for_argument(
-                "client",
-                "must be a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio "
-                f"client), got {type(client).__module__}.{type(client).__qualname__}",
-            )
-        self.prefix: str = _options.PREFIX.validate(prefix)
-        self.counter_ttl_ms: int | None = _options.COUNTER_TTL.validate(counter_ttl_ms)
-        super().__init__(
-            timeout_s=_options.TIMEOUT.validate(timeout_s), owns_client=bool(close_client)
+        _options.check_client(
+            client,
+            (redis.asyncio.Redis, redis.asyncio.RedisCluster),
+            "a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio client)",
         )
+        checked = _options.check(prefix, timeout_s, counter_ttl_ms)
+        self.prefix, self.counter_ttl_ms = checked.prefix, checked.counter_ttl_ms
+        super().__init__(timeout_s=checked.timeout_s, owns_client=bool(close_client))
         self._client: RedisClient = client
-        self._prefix = self.prefix.encode()
-        self._server = _server_of(client)
-        # On a client from_url built, at most max_connections commands run at once and
-        # the rest wait their turn here, first come first served. redis-py cannot do
-        # it alone: a cluster node refuses a command beyond its limit instead of
-        # waiting, and BlockingConnectionPool lets a task that just released a
-        # connection take it straight back, so under load a waiter can starve past
-        # timeout_s (500 tasks on 50 connections: hundreds of timeouts in 10 s).
-        self._slots: asyncio.Semaphore | None = None
-        self._pipeline = AutoPipeline(
+        self._server = _aio.server_of(client)
+        self._pipeline = _aio.AutoPipeline(
             client,
             enabled=_options.AUTOPIPELINE.validate(autopipeline),
             deadlines=self._deadlines,
             spawn=self._spawn,
-            timeout=self._timeout,
         )
-        self._submit = self._pipeline.submit
+        self._exchange = self._pipeline.exchange
         # Release notifications: the scripts publish on the lease's channel, sharded on a
         # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
         cluster = isinstance(client, redis.asyncio.RedisCluster)
         if cluster and not callable(getattr(client, "pubsub", None)):
             self.capabilities = replace(self.capabilities, release_notifications=False)
-        self._publish = (
-            b""
-            if not self.capabilities.release_notifications
-            else (b"SPUBLISH" if cluster else b"PUBLISH")
-        )
+        notify = self.capabilities.release_notifications
+        publish = b"" if not notify else (b"SPUBLISH" if cluster else b"PUBLISH")
+        self._ctx = _ops.context(self.prefix, self.counter_ttl_ms, publish)
         self._listener = self._release_listener = RedisReleaseListener(
             client, sharded=cluster, timeout_s=self.timeout_s
         )
@@ -186,37 +144,15 @@ class RedisLeaseProvider(BackendProvider):
         within its ``timeout_s``.
         """
         settings = _options.parse(url, options)
-        driver_url, cluster = settings.driver_url, settings.cluster
-        timeout_s, max_connections = settings.timeout_s, settings.max_connections
-        # No socket timeout (unless the URL sets one): the provider's own deadline bounds
-        # every operation, and redis-py's would cost a task per write and a timer per read.
-        connection = {**_options.connection_settings(timeout_s, Retry), "socket_timeout": None}
-        client: RedisClient
-        try:
-            if cluster:
-                client = redis.asyncio.RedisCluster.from_url(
-                    driver_url, max_connections=max_connections, **connection
-                )
-            else:
-                # Blocking, never MaxConnectionsError, should anything take a connection
-                # outside the provider's turns (its wait is bounded by timeout_s).
-                pool = BlockingConnectionPool.from_url(
-                    driver_url, max_connections=max_connections, timeout=None, **connection
-                )
-                client = redis.asyncio.Redis.from_pool(pool)
-        except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
-            raise InvalidLeaseArgument.for_argument(
-                "url", f"{exc} ({settings.redacted!r})"
-            ) from None
         provider = cls(
-            client,
+            _aio.build_client(settings),
             prefix=settings.prefix,
-            timeout_s=timeout_s,
+            timeout_s=settings.timeout_s,
             counter_ttl_ms=settings.counter_ttl_ms,
             autopipeline=settings.autopipeline,
             close_client=True,
         )
-        provider._slots = provider._pipeline.slots = asyncio.Semaphore(max_connections)
+        provider._pipeline.slots = asyncio.Semaphore(settings.max_connections)
         return provider
 
     @classmethod
@@ -226,83 +162,60 @@ class RedisLeaseProvider(BackendProvider):
         The same URL, options and errors as :meth:`from_url`, on redis-py's blocking
         client; see :class:`~leasekit_redis.RedisSyncLeaseProvider`.
         """
-        from ._sync import RedisSyncLeaseProvider  # noqa: PLC0415 (loaded only for leasekit.sync)
-
         return RedisSyncLeaseProvider.from_url(url, **options)
-
-    # -- one round trip: the toolkit bounds it and maps its errors ------------------------
-
-    def _send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
-        """``send(*args, **kwargs)`` for ``_call``; in its turn on a client from_url built.
-
-        For what is not a lease operation (the PING, ``inspect``); those go through
-        ``self._submit``, which writes operations started together as one pipeline.
-        """
-        if self._slots is None:
-            return send(*args, **kwargs)
-        return self._in_turn(self._slots, send, *args, **kwargs)
-
-    @staticmethod
-    async def _in_turn(
-        slots: asyncio.Semaphore, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
-    ) -> _T:
-        async with slots:
-            return await send(*args, **kwargs)
 
     async def _connect(self) -> None:
         # PING now, so a wrong address or password shows up at the `async with`.
-        await self._send(self._client.execute_command, "PING")
+        await self._pipeline.send(self._client.execute_command, "PING")
 
     async def _close_client(self) -> None:
         await self._client.aclose()
 
     def _describe(self) -> str:
-        where = f", server={self._server}" if self._server else ""
-        return f"prefix={self.prefix!r}{where}"
+        return f"prefix={self.prefix!r}" + (f", server={self._server}" if self._server else "")
 
     def _where(self) -> str:
         return f" (server {self._server})" if self._server else ""
 
-    def _garbled(self, key: str | None, exc: _replies.GarbledReply) -> LeaseBackendError:
-        return _options.garbled(exc, prefix=self.prefix, key=key)
-
-    # -- the contract -------------------------------------------------------------------
+    # -- the contract: the operation, through the transport, inside _call ----------------
+    # _refuse_if_closed comes before self._exchange is read: it may rebuild the provider
+    # (a fork, a new loop), and nothing may join a batch once closed.
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        call = _ops.acquire(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
+        operation = _ops.acquire(self._ctx, key, owner, ttl_ms)
         if self._undos:
             await self._after_undo(key, owner)
-        self._refuse_if_closed()  # before anything joins a batch
-        reply = await self._call(self._submit(call.evalsha(), call, key), key, owner)
-        try:
-            return _replies.read_acquire(reply, owner)
-        except _replies.GarbledReply as exc:
-            raise self._garbled(key, exc) from exc
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key, owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
-        command = _ops.owner(self._prefix, key)
+        operation = _ops.owner(self._ctx, key)
         self._refuse_if_closed()
-        reply = await self._call(self._submit(command, None, key), key)
-        try:
-            return _replies.read_owner(reply)
-        except _replies.GarbledReply as exc:
-            raise self._garbled(key, exc) from exc
+        return await self._call(drive_async(operation, self._exchange), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        call = _ops.release(self._prefix, key, owner, publish=self._publish)
+        operation = _ops.release(self._ctx, key, owner)
         self._refuse_if_closed()
-        await self._call(self._submit(call.evalsha(), call, key), key)
+        await self._call(drive_async(operation, self._exchange), key)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
-        call = _ops.release_grant(self._prefix, key, owner, token, publish=self._publish)
+        operation = _ops.release_grant(self._ctx, key, owner, token)
         self._refuse_if_closed()
-        await self._call(self._submit(call.evalsha(), call, key), key)
+        await self._call(drive_async(operation, self._exchange), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        call = _ops.renew(self._prefix, key, owner, ttl_ms, counter_ttl_ms=self.counter_ttl_ms)
+        operation = _ops.renew(self._ctx, key, owner, ttl_ms)
         self._refuse_if_closed()
-        return _replies.read_flag(await self._call(self._submit(call.evalsha(), call, key), key))
+        return await self._call(drive_async(operation, self._exchange), key)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
+        grant = to_owner if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key, grant)
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew many leases in one script (``leasekit.backend.SupportsRenewMany``).
@@ -315,13 +228,11 @@ class RedisLeaseProvider(BackendProvider):
         checked = check_renew_items(items)
         if not checked:
             return []
-        client = self._client
-        if not isinstance(client, redis.asyncio.RedisCluster):
+        self._refuse_if_closed()
+        leases = [_keys.lease_name(self._ctx.raw_prefix, key) for key, _, _ in checked]
+        groups = self._pipeline.slot_groups(leases)
+        if len(groups) == 1:
             return await self._renew_group(checked)
-        slots: dict[int, list[int]] = {}
-        for index, (key, _, _) in enumerate(checked):
-            slots.setdefault(client.keyslot(_keys.lease_name(self._prefix, key)), []).append(index)
-        groups = list(slots.values())
         answers = await asyncio.gather(
             *(self._renew_group([checked[i] for i in group]) for group in groups),
             return_exceptions=True,
@@ -336,30 +247,9 @@ class RedisLeaseProvider(BackendProvider):
 
     async def _renew_group(self, items: list[RenewItem]) -> list[bool]:
         """RENEW_MANY for items whose keys share a slot (all of them on one server)."""
-        call = _replies.renew_many_request(self._prefix, items, counter_ttl_ms=self.counter_ttl_ms)
+        operation = _ops.renew_many(self._ctx, items)
         self._refuse_if_closed()
-        reply = await self._call(self._submit(call.evalsha(), call, items[0][0]), items[0][0])
-        try:
-            return _replies.read_flags(reply, len(items))
-        except _replies.GarbledReply as exc:
-            raise self._garbled(items[0][0], exc) from exc
-
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        call = _ops.transfer(
-            self._prefix,
-            key,
-            from_owner,
-            to_owner,
-            ttl_ms,
-            counter_ttl_ms=self.counter_ttl_ms,
-            publish=self._publish,
-        )
-        grant = to_owner if to_owner != from_owner else None  # else a renewal
-        if grant is not None and self._undos:
-            await self._after_undo(key, grant)
-        self._refuse_if_closed()
-        reply = await self._call(self._submit(call.evalsha(), call, key), key, grant)
-        return _replies.read_flag(reply)
+        return await self._call(drive_async(operation, self._exchange), items[0][0])
 
     # -- waiting without polling -----------------------------------------------------------
 
@@ -370,18 +260,16 @@ class RedisLeaseProvider(BackendProvider):
         """
         validate_key(key)
         self._refuse_if_closed()
-        if not self._publish:
+        if not self._ctx.publish:
             return ReleaseHub().watch(key)  # no channel here: the remaining TTL alone
-        lease = _keys.lease_name(self._prefix, key)
+        lease = _keys.lease_name(self._ctx.raw_prefix, key)
         return await self._call(self._listener.watch(key, lease), key)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
-        validate_key(key)
+        operation = _ops.remaining(self._ctx, key)
         self._refuse_if_closed()
-        command = _replies.remaining_request(self._prefix, key)
-        reply = await self._call(self._submit(command, None, key), key)
-        return _replies.read_remaining(reply)
+        return await self._call(drive_async(operation, self._exchange), key)
 
     # -- beyond the contract ------------------------------------------------------------
 
@@ -395,46 +283,32 @@ class RedisLeaseProvider(BackendProvider):
         """
         if prefix is not None:
             validate_key(prefix, "prefix")
-        limit = _LIMIT.validate(limit)
+        limit = _options.INSPECT_LIMIT.validate(limit)
         self._refuse_if_closed()
         found = await self._scan(prefix)
+        ordered = sorted(found.items())
         records: list[LeaseRecord] = []
-        ordered = sorted(found)
         for start in range(0, len(ordered), _INSPECT_BATCH):
-            batch = ordered[start : start + _INSPECT_BATCH]
-            pipe = self._client.pipeline(transaction=False)
-            for key in batch:
-                pipe.get(found[key])
-                pipe.pttl(found[key])
-            # Errors come back per command (a foreign key of another type), not raised.
-            replies = await self._call(self._send(pipe.execute, raise_on_error=False), prefix)
-            for key, value, remaining in zip(batch, replies[::2], replies[1::2], strict=True):
-                if not isinstance(value, bytes | str) or not isinstance(remaining, int):
-                    continue  # not a lease value: not ours, or gone since the scan
-                if remaining <= 0:
-                    continue  # expired or released since the scan
-                try:
-                    owner, token = _replies.read_lease_value(value)
-                except _replies.GarbledReply:
-                    continue  # not ours; inspect reports, it does not judge
-                records.append(LeaseRecord(key, owner, token, remaining))
-                if len(records) == limit:
-                    return records
+            operation = _ops.inspect_batch(ordered[start : start + _INSPECT_BATCH])
+            exchange = self._pipeline.exchange_pipelined
+            records += await self._call(drive_async(operation, exchange), prefix)
+            if len(records) >= limit:
+                return records[:limit]
         return records
 
     async def _scan(self, prefix: str | None) -> dict[str, bytes]:
         """The lease names under ``prefix``, by lease key; one bounded round trip per step."""
-        pattern = _keys.lease_scan_pattern(self._prefix, prefix)
+        raw_prefix = self._ctx.raw_prefix
+        names = self._pipeline.names(_keys.lease_scan_pattern(raw_prefix, prefix))
         found: dict[str, bytes] = {}
-        names: AsyncIterator[bytes | str] = self._client.scan_iter(match=pattern, count=1000)
         try:
             while True:
                 try:
-                    name = await self._call(self._send(names.__anext__), prefix)
+                    name = await self._call(self._pipeline.send(names.__anext__), prefix)
                 except StopAsyncIteration:
                     return found
                 raw = name.encode() if isinstance(name, str) else name
-                key = _keys.key_from_lease_name(self._prefix, raw)
+                key = _keys.key_from_lease_name(raw_prefix, raw)
                 if key is not None and (prefix is None or key.startswith(prefix)):
                     found[key] = raw
         finally:
@@ -443,13 +317,114 @@ class RedisLeaseProvider(BackendProvider):
                 await aclose()
 
 
-def _server_of(client: RedisClient) -> str:
-    """``host:port`` of the client's server (a cluster's first startup node), for messages."""
-    if isinstance(client, redis.asyncio.RedisCluster):
-        return next(iter(client.nodes_manager.startup_nodes), "")
-    kwargs = client.connection_pool.connection_kwargs
-    if "host" in kwargs:
-        return f"{kwargs['host']}:{kwargs.get('port', _options.DEFAULT_PORT)}"
-    if "path" in kwargs:
-        return redact_url(str(kwargs["path"]))
-    return ""
+class RedisSyncLeaseProvider(SyncBackendProvider):
+    """Leases in Redis from blocking code: the same operations on redis-py's sync client.
+
+    Safe to share between threads. Made by ``leasekit.sync.connect("redis://...")``
+    (through :meth:`RedisLeaseProvider.sync_from_url`), by :meth:`from_url`, or over a
+    caller's own ``redis.Redis`` / ``redis.RedisCluster`` (never closed by the
+    provider). Options, capabilities, fencing tokens, release notifications and
+    errors are those of :class:`RedisLeaseProvider`; a stalled server raises
+    :class:`~leasekit.LeaseBackendTimeout` after ``timeout_s``, provided the client's
+    sockets have timeouts (a client :meth:`from_url` builds always has). Each operation
+    is sent from the calling thread: one round trip, no thread hop.
+    """
+
+    backend = _options.BACKEND
+    capabilities = _options.CAPABILITIES
+    errors = _options.ERRORS
+
+    def __init__(
+        self,
+        client: RedisSyncClient,
+        *,
+        prefix: str = _options.PREFIX.default,
+        timeout_s: float = _options.TIMEOUT.default,
+        counter_ttl_ms: int | None = _options.COUNTER_TTL.default,
+        close_client: bool = False,
+    ) -> None:
+        _options.check_client(
+            client,
+            (redis.Redis, redis.RedisCluster),
+            "a redis.Redis or redis.RedisCluster (the blocking client)",
+        )
+        checked = _options.check(prefix, timeout_s, counter_ttl_ms)
+        self.prefix, self.counter_ttl_ms = checked.prefix, checked.counter_ttl_ms
+        super().__init__(timeout_s=checked.timeout_s, owns_client=bool(close_client))
+        self._client = client
+        self._server = _blocking.server_of(client)
+        # The async provider's waiters listen on the lease's channel: releases and
+        # transfers from blocking code wake them too.
+        publish = b"SPUBLISH" if isinstance(client, redis.RedisCluster) else b"PUBLISH"
+        self._ctx = _ops.context(self.prefix, self.counter_ttl_ms, publish)
+        self._transport = _blocking.BlockingTransport(
+            client, timeout_s=self.timeout_s, where=self._where()
+        )
+        self._exchange = self._transport.exchange
+
+    @property
+    def client(self) -> RedisSyncClient:
+        """The redis-py client the provider runs on (the caller's, or the one it built)."""
+        return self._client
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisSyncLeaseProvider:
+        """Build a provider and its own blocking client; see :meth:`RedisLeaseProvider.from_url`.
+
+        The same URL and options, validated the same way. No I/O happens here.
+        """
+        settings = _options.parse(url, options)
+        return cls(
+            _blocking.build_client(settings),
+            prefix=settings.prefix,
+            timeout_s=settings.timeout_s,
+            counter_ttl_ms=settings.counter_ttl_ms,
+            close_client=True,
+        )
+
+    def _connect(self) -> None:
+        self._transport.execute(("PING",))
+
+    def close(self) -> None:
+        """Refuse new operations, hand borrowed connections back, close a client built here."""
+        super().close()
+        self._transport.give_back()
+
+    def _close_client(self) -> None:
+        self._client.close()
+
+    def _describe(self) -> str:
+        return f"prefix={self.prefix!r}" + (f", server={self._server}" if self._server else "")
+
+    def _where(self) -> str:
+        return f" (server {self._server})" if self._server else ""
+
+    # Each operation through drive, inside the base's _call (typed loosely: hence the
+    # annotated results).
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        """Blocking :meth:`RedisLeaseProvider.acquire_lease`."""
+        operation = _ops.acquire(self._ctx, key, owner, ttl_ms)
+        result: LeaseResult = self._call(drive, operation, self._exchange, key=key)
+        return result
+
+    def get_lease_owner(self, key: str) -> str | None:
+        """Blocking :meth:`RedisLeaseProvider.get_lease_owner`."""
+        holder: str | None = self._call(drive, _ops.owner(self._ctx, key), self._exchange, key=key)
+        return holder
+
+    def release_lease(self, key: str, owner: str) -> None:
+        """Blocking :meth:`RedisLeaseProvider.release_lease`."""
+        self._call(drive, _ops.release(self._ctx, key, owner), self._exchange, key=key)
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.renew_lease`."""
+        operation = _ops.renew(self._ctx, key, owner, ttl_ms)
+        renewed: bool = self._call(drive, operation, self._exchange, key=key)
+        return renewed
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.transfer_lease`."""
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
+        moved: bool = self._call(drive, operation, self._exchange, key=key)
+        return moved

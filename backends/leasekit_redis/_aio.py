@@ -1,0 +1,314 @@
+"""The async provider's transport: redis-py's asyncio client, auto-pipelined, in turns.
+
+:meth:`AutoPipeline.exchange` sends one request of an operation (``_ops``) and is
+what :func:`~leasekit.backend.drive_async` awaits. When a request is made while none
+of the provider's is in flight, it goes out at once, alone: a single task pays nothing
+for pipelining. When others are in flight, it joins the open *batch* (or opens one). A
+batch is written at the next event-loop iteration, or, on a client built from a URL,
+as soon as a connection is free (``max_connections``): until then it takes in every
+request made meanwhile. It goes out as one non-transactional pipeline (redis-py's
+``pipeline(transaction=False)``): one write, its replies read back in order, each
+handed to the caller that made it. On Redis Cluster the pipeline splits itself by node
+(redis-py's cluster pipeline), one write per node.
+
+Non-transactional means each script stays atomic on its own, exactly as when sent
+alone, and a script that fails (its reply is an error) fails only its caller. A
+connection that fails fails every caller in the batch, each with its own mapped
+error. Each caller keeps its own deadline (``timeout_s``, on the provider's timer):
+a caller who runs out stops waiting and gets a timeout, and its request is not sent
+if the batch was still waiting for a connection. The batch itself is bounded by
+``timeout_s`` from the moment it is written, which is no earlier than any of its
+callers began, so it never outlives them by more than that; ``aclose`` drains it.
+
+On a client :func:`build_client` made, at most ``max_connections`` commands or
+batches run at once (:attr:`AutoPipeline.slots`); the rest wait their turn, first
+come first served. redis-py cannot do it alone: a cluster node refuses a command
+beyond its limit instead of waiting, and ``BlockingConnectionPool`` lets a task that
+just released a connection take it straight back, so under load a waiter can starve
+past ``timeout_s`` (500 tasks on 50 connections: hundreds of timeouts in 10 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+import redis.asyncio
+from redis.asyncio.connection import BlockingConnectionPool
+from redis.asyncio.retry import Retry
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from leasekit import InvalidLeaseArgument
+from leasekit.backend import Deadlines
+
+from . import _options
+from ._ops import Command, Pipelined, Request, ScriptCall
+
+__all__ = ["AutoPipeline", "RedisClient", "build_client", "server_of"]
+
+RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
+"""The clients the provider accepts: redis-py's asyncio client, single server or cluster."""
+
+_T = TypeVar("_T")
+
+
+def build_client(settings: _options.RedisSettings) -> RedisClient:
+    """The asyncio client ``from_url`` builds from parsed settings; no I/O."""
+    # No socket timeout (unless the URL sets one): the provider's own deadline bounds
+    # every operation, and redis-py's would cost a task per write and a timer per read.
+    connection = {
+        **_options.connection_settings(settings.timeout_s, Retry),
+        "socket_timeout": None,
+    }
+    try:
+        if settings.cluster:
+            return redis.asyncio.RedisCluster.from_url(
+                settings.driver_url, max_connections=settings.max_connections, **connection
+            )
+        # Blocking, never MaxConnectionsError, should anything take a connection outside
+        # the provider's turns (its wait is bounded by timeout_s).
+        pool = BlockingConnectionPool.from_url(
+            settings.driver_url,
+            max_connections=settings.max_connections,
+            timeout=None,
+            **connection,
+        )
+        return redis.asyncio.Redis.from_pool(pool)
+    except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
+        raise InvalidLeaseArgument.for_argument("url", f"{exc} ({settings.redacted!r})") from None
+
+
+def server_of(client: RedisClient) -> str:
+    """``host:port`` of the client's server (a cluster's first startup node), for messages."""
+    if isinstance(client, redis.asyncio.RedisCluster):
+        return next(iter(client.nodes_manager.startup_nodes), "")
+    return _options.describe_server(client.connection_pool.connection_kwargs)
+
+
+def _command(request: ScriptCall | Command) -> Command:
+    return request.evalsha() if isinstance(request, ScriptCall) else request
+
+
+class _Batch:
+    """The requests of one batch, with the callers waiting for their replies."""
+
+    __slots__ = ("futures", "requests")
+
+    def __init__(self) -> None:
+        self.requests: list[ScriptCall | Command] = []
+        self.futures: list[asyncio.Future[Any]] = []
+
+
+class AutoPipeline:
+    """Sends the provider's requests: alone when nothing else is in flight, else batched.
+
+    ``deadlines`` is the provider's timer and ``spawn`` its way to start background
+    work that ``aclose`` drains. ``slots`` (set by ``from_url``) lets at most that many
+    commands or batches run at once.
+    """
+
+    __slots__ = (
+        "_batch",
+        "_busy",
+        "_client",
+        "_deadlines",
+        "_spawn",
+        "batches",
+        "enabled",
+        "slots",
+    )
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        enabled: bool,
+        deadlines: Deadlines,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
+    ) -> None:
+        self._client = client
+        self.enabled = enabled
+        self._deadlines = deadlines
+        self._spawn = spawn
+        self.slots: asyncio.Semaphore | None = None
+        self._batch: _Batch | None = None
+        self._busy = 0  # requests sent or queued and not yet answered
+        self.batches = 0  # pipelines written (two commands or more), for tests and curiosity
+
+    def exchange(self, request: Request) -> Awaitable[Any]:
+        """What to await for ``request``'s reply (a script call or a plain command).
+
+        Never raises by itself: errors arrive through the awaitable, raw from redis-py
+        (the provider's ``_call`` maps them). The provider refuses calls once closed
+        before making them, so nothing joins a batch after ``aclose`` began.
+        """
+        batch = self._batch
+        if batch is None:
+            if not self._busy or not self.enabled:
+                return self._alone(request)  # type: ignore[arg-type]
+            batch = self._batch = _Batch()
+            self._spawn(self._flush(batch))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        batch.requests.append(request)  # type: ignore[arg-type]
+        batch.futures.append(future)
+        self._busy += 1
+        return future
+
+    def send(self, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Awaitable[_T]:
+        """``send(*args, **kwargs)``, in its turn on a client from_url built.
+
+        For what is not an operation's request (the PING, ``inspect``'s scan).
+        """
+        if self.slots is None:
+            return send(*args, **kwargs)
+        return self._in_turn(self.slots, send, *args, **kwargs)
+
+    @staticmethod
+    async def _in_turn(
+        slots: asyncio.Semaphore, send: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
+    ) -> _T:
+        async with slots:
+            return await send(*args, **kwargs)
+
+    def exchange_pipelined(self, request: Pipelined) -> Awaitable[list[Any]]:
+        """The replies to ``request``'s commands, in one pipeline of its own, in its turn."""
+        return self.send(self._pipeline_of, request.commands)
+
+    def names(self, pattern: bytes) -> AsyncIterator[bytes | str]:
+        """The names matching ``pattern`` (``SCAN``, on every node of a cluster)."""
+        return self._client.scan_iter(match=pattern, count=1000)
+
+    def slot_groups(self, leases: list[bytes]) -> list[list[int]]:
+        """Indexes of ``leases`` grouped by cluster slot (one group on a single server)."""
+        client = self._client
+        if not isinstance(client, redis.asyncio.RedisCluster):
+            return [list(range(len(leases)))]
+        slots: dict[int, list[int]] = {}
+        for index, lease in enumerate(leases):
+            slots.setdefault(client.keyslot(lease), []).append(index)
+        return list(slots.values())
+
+    # -- one request alone: the caller's own task does the I/O --------------------------
+
+    async def _alone(self, request: ScriptCall | Command) -> Any:
+        client = self._client
+        slots = self.slots
+        self._busy += 1
+        try:
+            if slots is not None:
+                await slots.acquire()
+            try:
+                if not isinstance(request, ScriptCall):
+                    return await client.execute_command(*request)
+                try:
+                    return await client.execute_command(*request.evalsha())
+                except NoScriptError:
+                    # The server's script cache was flushed, or this is its first call
+                    # here: EVAL runs the script and caches it again, so EVALSHA works
+                    # next time.
+                    return await client.execute_command(*request.eval())
+            finally:
+                if slots is not None:
+                    slots.release()
+        finally:
+            self._busy -= 1
+
+    # -- a batch: its own task writes it and hands out the replies ----------------------
+
+    async def _flush(self, batch: _Batch) -> None:
+        slots = self.slots
+        acquired = False
+        try:
+            if slots is not None:
+                await slots.acquire()  # the batch stays open meanwhile, taking in more
+                acquired = True
+            if self._batch is batch:
+                self._batch = None
+            # Callers who ran out of time while the batch waited: their writes stay unsent.
+            live = [i for i, future in enumerate(batch.futures) if not future.done()]
+            if live:
+                await self._write(batch, live)
+        finally:
+            if self._batch is batch:
+                self._batch = None  # cancelled while waiting for a connection (aclose)
+            if acquired and slots is not None:
+                slots.release()
+            self._busy -= len(batch.futures)
+            for future in batch.futures:
+                if not future.done():
+                    # The caller's _call maps it to LeaseBackendTimeout, naming its key.
+                    future.set_exception(
+                        RedisTimeoutError(f"no answer within {self._deadlines.timeout_s:g} s")
+                    )
+
+    async def _write(self, batch: _Batch, live: list[int]) -> None:
+        requests = [batch.requests[i] for i in live]
+        futures = [batch.futures[i] for i in live]
+        deadlines = self._deadlines
+        watch = deadlines.open()
+        try:
+            if watch is None:  # Python 3.10, where the timer cannot cancel a task
+                replies = await asyncio.wait_for(self._send(requests), deadlines.timeout_s)
+            else:
+                replies = await self._send(requests)
+        except asyncio.CancelledError:
+            if deadlines.close(watch):
+                return  # our own deadline: _flush gives each caller left a timeout
+            raise
+        except Exception as exc:  # noqa: BLE001 (handed to every caller, who maps it)
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        finally:
+            deadlines.close(watch)
+        for future, reply in zip(futures, replies, strict=True):
+            if future.done():
+                continue  # its caller gave up
+            if isinstance(reply, BaseException):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _send(self, requests: list[ScriptCall | Command]) -> list[Any]:
+        """The replies to ``requests`` in order; an error reply stands in its own place."""
+        if len(requests) == 1:
+            return [await self._execute(requests[0])]
+        replies = await self._pipelined([_command(request) for request in requests])
+        retry = [
+            (i, request)
+            for i, (reply, request) in enumerate(zip(replies, requests, strict=True))
+            if isinstance(request, ScriptCall) and isinstance(reply, NoScriptError)
+        ]
+        if retry:
+            # The script cache was flushed: EVAL those (which caches them again), in one
+            # more pipeline.
+            again = await self._pipelined([request.eval() for _, request in retry])
+            for (i, _), reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _pipelined(self, commands: list[Command]) -> Awaitable[list[Any]]:
+        """A batch's commands in one pipeline, counted in :attr:`batches`."""
+        self.batches += 1
+        return self._pipeline_of(commands)
+
+    async def _pipeline_of(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` in one non-transactional pipeline: replies, error replies in place."""
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+    async def _execute(self, request: ScriptCall | Command) -> Any:
+        """One request on its own (as in :meth:`_alone`, whose copy saves a frame)."""
+        client = self._client
+        if not isinstance(request, ScriptCall):
+            return await client.execute_command(*request)
+        try:
+            return await client.execute_command(*request.evalsha())
+        except NoScriptError:
+            return await client.execute_command(*request.eval())

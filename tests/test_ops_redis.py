@@ -1,0 +1,210 @@
+"""The Redis operations without a server: the requests they yield, how they read replies.
+
+Each operation is driven by the toolkit's blocking driver over a hand-written exchange
+that records every request and answers with the replies given, as Redis would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import pytest
+from servers import missing_extra
+
+import leasekit
+from leasekit.backend import LeaseRecord, Operation, drive
+
+try:
+    import redis  # noqa: F401 (the backend's driver: without it, say how to install it)
+except ImportError:  # pragma: no cover (depends on the environment)
+    missing_extra("redis", "the Redis operation tests")
+
+from leasekit_redis import _lua, _ops, _options
+
+_T = TypeVar("_T")
+
+CTX = _ops.context("p:", 1000, b"PUBLISH")
+FOREVER = _ops.context("p:", None, b"")
+
+
+def run(operation: Operation[Any, _T], replies: Iterable[Any]) -> tuple[_T, list[Any]]:
+    """Drive ``operation`` over canned ``replies``: its result and the requests it sent."""
+    sent: list[Any] = []
+    answers = iter(replies)
+
+    def exchange(request: Any) -> Any:
+        sent.append(request)
+        answer = next(answers)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    result = drive(operation, exchange)
+    assert next(answers, None) is None, "a reply was left unread"
+    return result, sent
+
+
+def test_acquire_sends_the_acquire_script_and_reads_token_or_holder() -> None:
+    granted, sent = run(_ops.acquire(CTX, "k{1}", "me", 500), [17])
+    assert granted == leasekit.LeaseResult(True, "me", 17)
+    [call] = sent
+    assert isinstance(call, _ops.ScriptCall)
+    assert call.script is _lua.ACQUIRE
+    assert call.evalsha() == (
+        "EVALSHA",
+        _lua.ACQUIRE.sha,
+        2,
+        b"p:{k%7B1%7D}",
+        b"p:{k%7B1%7D}:fence",
+        b"me",
+        500,
+        1500,  # the counter outlives the lease by counter_ttl_ms
+    )
+    assert call.eval()[:2] == ("EVAL", _lua.ACQUIRE.source)
+    assert run(_ops.acquire(CTX, "k", "me", 500), [b"other\0"])[0] == leasekit.LeaseResult(
+        False, "other\0"
+    )
+    # A caller's client with decode_responses=True answers text.
+    assert run(_ops.acquire(CTX, "k", "me", 500), ["other"])[0] == leasekit.LeaseResult(
+        False, "other"
+    )
+
+
+def test_a_counter_kept_forever_is_sent_as_zero() -> None:
+    _, [call] = run(_ops.acquire(FOREVER, "k", "me", 500), [1])
+    assert call.args == (b"me", 500, 0)
+    _, [call] = run(_ops.renew(FOREVER, "k", "me", 500), [1])
+    assert call.args == (b"me", 500, 0)
+
+
+@pytest.mark.parametrize("reply", [b"\xff", None, 1.5, [1]])
+def test_an_acquire_reply_no_script_gives_is_a_backend_error_naming_the_prefix(
+    reply: object,
+) -> None:
+    with pytest.raises(leasekit.LeaseBackendError, match="'p:'") as info:
+        run(_ops.acquire(CTX, "k", "me", 500), [reply])
+    assert info.value.key == "k"
+    assert info.value.backend == "redis"
+
+
+def test_owner_is_one_get_of_the_lease() -> None:
+    holder, sent = run(_ops.owner(CTX, "k"), [b"12 a b"])
+    assert (holder, sent) == ("a b", [("GET", b"p:{k}")])
+    assert run(_ops.owner(CTX, "k"), [None])[0] is None
+    assert run(_ops.owner(CTX, "k"), ["3 x"])[0] == "x"
+    for garbled in (b"nope", b"12 ", b"x y", b"1 \xff", [1], 1.5):
+        with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
+            run(_ops.owner(CTX, "k"), [garbled])
+
+
+def test_release_and_release_grant_publish_as_told() -> None:
+    result, [call] = run(_ops.release(CTX, "k", "a"), [1])
+    assert result is None
+    assert (call.script, call.keys, call.args) == (_lua.RELEASE, (b"p:{k}",), (b"a", b"PUBLISH"))
+    _, [call] = run(_ops.release(FOREVER, "k", "a"), [0])
+    assert call.args == (b"a", b"")  # no channel: nothing published
+    _, [call] = run(_ops.release_grant(CTX, "k", "a", 42), [1])
+    assert (call.script, call.keys, call.args) == (
+        _lua.RELEASE_GRANT,
+        (b"p:{k}",),
+        (b"a", b"42", b"PUBLISH"),
+    )
+
+
+def test_renew_and_transfer_answer_whether_they_took_effect() -> None:
+    renewed, [call] = run(_ops.renew(CTX, "k", "me", 500), [1])
+    assert renewed is True
+    assert (call.script, call.keys, call.args) == (
+        _lua.RENEW,
+        (b"p:{k}", b"p:{k}:fence"),
+        (b"me", 500, 1500),
+    )
+    assert run(_ops.renew(CTX, "k", "me", 500), [0])[0] is False
+    moved, [call] = run(_ops.transfer(CTX, "k", "a", "b", 9), [1])
+    assert moved is True
+    assert call.script is _lua.TRANSFER
+    assert call.args == (b"a", b"b", 9, 1009, b"PUBLISH")
+    assert run(_ops.transfer(CTX, "k", "a", "b", 9), [0])[0] is False
+
+
+def test_renew_many_sends_one_script_and_reads_one_flag_per_item() -> None:
+    items = [("a", "o1", 100), ("b", "o2", 200)]
+    flags, [call] = run(_ops.renew_many(CTX, items), [b"10"])
+    assert flags == [True, False]
+    assert call.script is _lua.RENEW_MANY
+    assert call.keys == (b"p:{a}", b"p:{b}")
+    assert call.args == (1000, b"o1", 100, b"o2", 200)
+    assert run(_ops.renew_many(FOREVER, items), ["01"])[0] == [False, True]
+    _, [call] = run(_ops.renew_many(FOREVER, items), [b"00"])
+    assert call.args[0] == -1  # counters kept forever
+    for garbled in (b"1", b"102", 3, None):
+        with pytest.raises(leasekit.LeaseBackendError) as info:
+            run(_ops.renew_many(CTX, items), [garbled])
+        assert info.value.key == "a"
+
+
+def test_remaining_reads_pttl() -> None:
+    left, sent = run(_ops.remaining(CTX, "k"), [1500])
+    assert (left, sent) == (1500, [("PTTL", b"p:{k}")])
+    assert run(_ops.remaining(CTX, "k"), [-2])[0] is None  # free
+    assert run(_ops.remaining(CTX, "k"), [0])[0] == 1
+    assert run(_ops.remaining(CTX, "k"), [-1])[0] == 1000  # no TTL: look again soon
+
+
+def test_inspect_batch_reads_live_leases_and_skips_anything_else() -> None:
+    names = [("a", b"p:{a}"), ("b", b"p:{b}"), ("c", b"p:{c}"), ("d", b"p:{d}")]
+    replies = [
+        [
+            b"7 owner-a",
+            900,
+            b"not a lease",
+            900,
+            None,  # released since the scan
+            -2,
+            ValueError("WRONGTYPE"),  # another program's hash: an error in its place
+            -1,
+        ]
+    ]
+    records, [request] = run(_ops.inspect_batch(names), replies)
+    assert records == [LeaseRecord("a", "owner-a", 7, 900)]
+    assert isinstance(request, _ops.Pipelined)
+    assert request.commands[:2] == (("GET", b"p:{a}"), ("PTTL", b"p:{a}"))
+    assert len(request.commands) == 8
+
+
+def test_bad_arguments_are_refused_before_any_request() -> None:
+    bad: list[tuple[Any, ...]] = [
+        (_ops.acquire, CTX, "", "me", 500),
+        (_ops.acquire, CTX, "k", "me", 0),
+        (_ops.acquire, CTX, "k", "me", True),
+        (_ops.owner, CTX, "x" * 1025),
+        (_ops.release, CTX, "k", ""),
+        (_ops.release_grant, CTX, "k", "", 1),
+        (_ops.renew, CTX, "k", "me", 1.5),
+        (_ops.transfer, CTX, "k", "a", "", 500),
+        (_ops.remaining, CTX, ""),
+    ]
+    for factory, *args in bad:
+        # The factory itself raises: the operation never exists, nothing is sent.
+        with pytest.raises(leasekit.InvalidLeaseArgument):
+            factory(*args)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="to_owner"):
+        _ops.transfer(CTX, "k", "a", "", 500)
+
+
+def test_a_transport_error_propagates_through_the_operation() -> None:
+    with pytest.raises(ConnectionError):
+        run(_ops.acquire(CTX, "k", "me", 500), [ConnectionError("gone")])
+
+
+def test_both_providers_constructor_checks_are_one_function() -> None:
+    assert _options.check("p:", 1, 5) == ("p:", 1.0, 5)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="prefix"):
+        _options.check("a{b", 1, 5)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="timeout_s"):
+        _options.check("p:", 0, 5)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match="counter_ttl_ms"):
+        _options.check("p:", 1, 0)
+    with pytest.raises(leasekit.InvalidLeaseArgument, match=r"client.*builtins\.str"):
+        _options.check_client("not a client", (int,), "an int")
