@@ -28,7 +28,6 @@ REASON = "over 500 lines:"
 # that no longer exists.
 KNOWN_BACKEND_CYCLES: list[tuple[str, ...]] = [
     ("leasekit_postgres._provider", "leasekit_postgres._sync"),
-    ("leasekit_redis._provider", "leasekit_redis._sync"),
     ("leasekit_sqlite._provider", "leasekit_sqlite._sync"),
 ]
 
