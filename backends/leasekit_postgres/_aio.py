@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -29,9 +30,25 @@ from leasekit import LeaseBackendError, LeaseProviderClosed
 from leasekit.backend import drive_async
 
 from . import _ops
-from ._options import BACKEND, CONNECT_ERRORS, Settings, check_client, server_of, where
+from ._options import (
+    BACKEND,
+    CONNECT_ERRORS,
+    PoolSettings,
+    Settings,
+    check_client,
+    server_of,
+    where,
+)
 
-__all__ = ["ROUTE_POOL_LOG", "AsyncClient", "AsyncTransport", "exchange", "open_connection", "run"]
+__all__ = [
+    "ROUTE_POOL_LOG",
+    "AsyncClient",
+    "AsyncTransport",
+    "exchange",
+    "open_connection",
+    "own_pool",
+    "run",
+]
 
 _T = TypeVar("_T")
 
@@ -43,6 +60,7 @@ AsyncClient: TypeAlias = AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]
 # How long closing lets the pool's workers finish a task in hand (a connection attempt
 # to a server that does not answer) before they are cancelled.
 _POOL_WORKERS_GRACE_S = 0.1
+_pool_numbers = itertools.count(1)
 
 
 async def exchange(conn: psycopg.AsyncConnection[Any], query: _ops.Query) -> Any:
@@ -63,6 +81,13 @@ async def exchange(conn: psycopg.AsyncConnection[Any], query: _ops.Query) -> Any
 def run(conn: psycopg.AsyncConnection[Any], operation: _ops.Operation[_T]) -> Awaitable[_T]:
     """Drive ``operation`` on ``conn``."""
     return drive_async(operation, partial(exchange, conn), throws=psycopg.Error)
+
+
+def own_pool(settings: PoolSettings) -> AsyncConnectionPool[Any]:
+    """The pool ``from_url`` builds (not opened: the first call opens it)."""
+    # A name of its own: closing finds this pool's worker tasks by it.
+    name = f"leasekit-{next(_pool_numbers)}"
+    return AsyncConnectionPool(settings.conninfo, **settings.pool_arguments(name))
 
 
 async def open_connection(

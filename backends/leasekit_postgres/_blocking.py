@@ -20,6 +20,7 @@ reach the server in the order they were made, as the async provider's do.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
@@ -34,13 +35,22 @@ from leasekit import LeaseBackendTimeout
 from leasekit.backend import SyncDeadlines, drive
 
 from . import _ops
-from ._options import BACKEND, CONNECT_ERRORS, Settings, check_client, server_of, where
+from ._options import (
+    BACKEND,
+    CONNECT_ERRORS,
+    PoolSettings,
+    Settings,
+    check_client,
+    server_of,
+    where,
+)
 
-__all__ = ["BlockingTransport", "exchange", "run"]
+__all__ = ["BlockingTransport", "exchange", "own_pool", "run"]
 
 _T = TypeVar("_T")
 
 log = logging.getLogger("leasekit.postgres")
+_pool_numbers = itertools.count(1)
 
 
 def exchange(conn: psycopg.Connection[Any], query: _ops.Query) -> Any:
@@ -61,6 +71,12 @@ def exchange(conn: psycopg.Connection[Any], query: _ops.Query) -> Any:
 def run(conn: psycopg.Connection[Any], operation: _ops.Operation[_T]) -> _T:
     """Drive ``operation`` on ``conn``."""
     return drive(operation, partial(exchange, conn), throws=psycopg.Error)
+
+
+def own_pool(settings: PoolSettings) -> ConnectionPool[Any]:
+    """The pool ``from_url`` builds (not opened: the first call opens it)."""
+    name = f"leasekit-blocking-{next(_pool_numbers)}"
+    return ConnectionPool(settings.conninfo, **settings.pool_arguments(name))
 
 
 def _break(conn: psycopg.Connection[Any]) -> None:

@@ -17,11 +17,8 @@ wakes, so the provider's later calls on the same key wait for it to settle first
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
-
-from psycopg_pool import AsyncConnectionPool
 
 from leasekit import Capabilities, LeaseError, LeaseResult, validate_key
 from leasekit.backend import (
@@ -34,7 +31,7 @@ from leasekit.backend import (
 )
 
 from . import _ops, _sql
-from ._aio import AsyncClient, AsyncTransport, log
+from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._notify import PostgresReleaseListener
 from ._options import (
     BACKEND,
@@ -55,8 +52,6 @@ PostgresClient: TypeAlias = AsyncClient
 """What the provider runs on: a psycopg_pool async pool, or one async connection."""
 
 _T = TypeVar("_T")
-
-_pool_numbers = itertools.count(1)
 
 
 class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
@@ -149,12 +144,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
         """
         settings = pool_settings(url, options)
-        # A name of its own: aclose finds this pool's worker tasks by it.
-        name = f"leasekit-{next(_pool_numbers)}"
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            settings.conninfo, **settings.pool_arguments(name)
-        )
-        return cls(pool, close_client=True, **settings.provider)
+        return cls(own_pool(settings), close_client=True, **settings.provider)
 
     @classmethod
     def sync_from_url(cls, url: str, **options: Any) -> PostgresSyncLeaseProvider:

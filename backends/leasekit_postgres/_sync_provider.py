@@ -8,7 +8,6 @@ toolkit's :class:`~leasekit.backend.SyncBackendProvider`.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -18,7 +17,7 @@ from leasekit import Capabilities, LeaseError, LeaseResult
 from leasekit.backend import ErrorMap, SyncBackendProvider
 
 from . import _ops
-from ._blocking import BlockingTransport, log
+from ._blocking import BlockingTransport, log, own_pool
 from ._options import (
     BACKEND,
     CAPABILITIES,
@@ -32,7 +31,6 @@ from ._options import (
 __all__ = ["PostgresSyncLeaseProvider"]
 
 _T = TypeVar("_T")
-_pool_numbers = itertools.count(1)
 
 
 class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
@@ -70,11 +68,7 @@ class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
     def from_url(cls, url: str, **options: Any) -> PostgresSyncLeaseProvider:
         """A provider and its own blocking pool; see :meth:`PostgresLeaseProvider.from_url`."""
         settings = pool_settings(url, options)
-        name = f"leasekit-blocking-{next(_pool_numbers)}"
-        pool: ConnectionPool[Any] = ConnectionPool(
-            settings.conninfo, **settings.pool_arguments(name)
-        )
-        return cls(pool, close_client=True, **settings.provider)
+        return cls(own_pool(settings), close_client=True, **settings.provider)
 
     # -- one call ---------------------------------------------------------------------------
 
