@@ -177,7 +177,8 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         # Before the transport is touched: in a forked child (or on a new loop) the
         # provider builds itself anew here, with a transport of its own.
         self._refuse_if_closed()
-        if write and self._sweeps.wrote() and self._sweeper is None:
+        # Not while closing: an undo's release still runs then (UNDOING).
+        if write and self._sweeps.wrote() and self._sweeper is None and not self.closed:
             self._sweeps.started()
             self._sweeper = self._spawn(self._sweep_in_background())
         call = self._io.run(operation, again, args)
