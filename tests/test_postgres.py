@@ -1432,7 +1432,7 @@ def test_a_blocking_release_abandoned_at_the_timeout_never_ends_a_lease_granted_
     with leasekit.sync.connect(url) as leases:
         native = leases._native
         assert native is not None
-        pool = native._pool  # type: ignore[attr-defined]
+        pool = native.client  # type: ignore[attr-defined]
         assert leases.acquire_lease("k", "x", LONG_MS).acquired
         with pool.connection() as held, pool.connection() as idle:
             frozen_pid = idle.execute("SELECT pg_backend_pid()").fetchone()[0]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ._provider import LeaseRecord, PostgresClient, PostgresLeaseProvider
 
 if TYPE_CHECKING:
-    from ._sync import PostgresSyncLeaseProvider
+    from ._sync_provider import PostgresSyncLeaseProvider
 
 __all__ = ["LeaseRecord", "PostgresClient", "PostgresLeaseProvider", "PostgresSyncLeaseProvider"]
 
@@ -22,7 +22,7 @@ __all__ = ["LeaseRecord", "PostgresClient", "PostgresLeaseProvider", "PostgresSy
 def __getattr__(name: str) -> Any:
     # The blocking provider loads on first use: async code never imports it.
     if name == "PostgresSyncLeaseProvider":
-        from ._sync import PostgresSyncLeaseProvider  # noqa: PLC0415
+        from ._sync_provider import PostgresSyncLeaseProvider  # noqa: PLC0415
 
         return PostgresSyncLeaseProvider
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,11 @@
-"""The PostgreSQL backend's options, and how ``from_url`` turns a URL into a pool.
+"""The PostgreSQL backend's options, capabilities and error table, for both providers.
 
 Parsing and coercion are the toolkit's (:class:`~leasekit.backend.OptionSet`); what is
 left here is what only PostgreSQL has: the table name's rules, the sweep's grace
 period that must outlast ``timeout_s``, and the libpq connection string (the URL minus
-leasekit's options, with ``statement_timeout`` in its startup options).
+leasekit's options, with ``statement_timeout`` in its startup options). The async and
+the blocking provider both build their :class:`Settings` with :func:`provider_settings`
+and check their client with :func:`check_client`: one set of constructor checks.
 """
 
 from __future__ import annotations
@@ -11,30 +13,87 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import psycopg
+import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import PoolTimeout
 
-from leasekit import InvalidLeaseArgument
-from leasekit.backend import Option, OptionSet, ParsedOptions, parse_url, redact_url, timeout_option
+from leasekit import (
+    Capabilities,
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
+)
+from leasekit.backend import (
+    ErrorMap,
+    Option,
+    OptionSet,
+    ParsedOptions,
+    parse_url,
+    redact_url,
+    timeout_option,
+)
 
 from . import _sql
+from ._notify import channel_for
 
 __all__ = [
     "BACKEND",
+    "CAPABILITIES",
+    "CONNECT_ERRORS",
+    "ERRORS",
+    "INSPECT_LIMIT",
     "PROVIDER_OPTIONS",
     "URL_OPTIONS",
     "PoolSettings",
+    "Settings",
+    "SettingsAttributes",
+    "check_client",
     "check_grace",
+    "describe",
     "pool_settings",
+    "provider_settings",
+    "server_of",
     "table_name",
+    "where",
 ]
 
 BACKEND = "postgresql"
 SCHEMES = ("postgresql", "postgres")
+
+CAPABILITIES = Capabilities(
+    atomic_transfer=True,
+    fencing=True,
+    ttl_resolution_ms=1,
+    min_ttl_ms=1,
+    server_clock=True,
+    shared_across_processes=True,
+    shared_across_hosts=True,
+    persistent=True,
+    release_notifications=True,
+)
+"""What both providers declare (``release_notifications`` off with ``notifications=false``)."""
+
+ERRORS = ErrorMap(
+    {
+        PoolTimeout: LeaseBackendTimeout,  # no connection available within timeout_s
+        psycopg.errors.QueryCanceled: LeaseBackendTimeout,  # statement_timeout
+        psycopg.Error: LeaseBackendError,
+    },
+    backend=BACKEND,
+)
+"""psycopg's errors as leasekit's, for both providers."""
+
+CONNECT_ERRORS = ErrorMap({psycopg.OperationalError: LeaseBackendUnreachable}, backend=BACKEND)
+"""Connecting failed: refused, DNS, TLS, authentication. Only for a provider's own first
+connection (and its LISTEN one); once connected, an OperationalError is a lost connection."""
+
+INSPECT_LIMIT = Option("limit", int, 1000, minimum=1)
 
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
@@ -110,6 +169,129 @@ def check_grace(options: Mapping[str, Any]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Settings:
+    """A provider's options, checked, and what follows from them; the same for both providers."""
+
+    table: str
+    timeout_s: float
+    create_schema: bool
+    sweep_every: int
+    sweep_batch: int
+    sweep_grace_s: float
+    notifications: bool
+    statements: _sql.Statements
+    channel: str | None
+    """The ``NOTIFY`` channel releases and transfers notify on; ``None`` when off."""
+    capabilities: Capabilities
+
+
+class SettingsAttributes:
+    """The options both providers show as read-only attributes (``provider.table``, ...)."""
+
+    _settings: Settings
+
+    @property
+    def table(self) -> str:
+        """The lease table (``name`` or ``schema.name``)."""
+        return self._settings.table
+
+    @property
+    def create_schema(self) -> bool:
+        """Whether the schema is created on first use if it is missing."""
+        return self._settings.create_schema
+
+    @property
+    def sweep_every(self) -> int:
+        """Writes between two background sweeps (0: never by itself)."""
+        return self._settings.sweep_every
+
+    @property
+    def sweep_batch(self) -> int:
+        """Rows one sweep deletes at most."""
+        return self._settings.sweep_batch
+
+    @property
+    def sweep_grace_s(self) -> float:
+        """How long after expiry a row may be swept."""
+        return self._settings.sweep_grace_s
+
+    @property
+    def notifications(self) -> bool:
+        """Whether releases and transfers notify waiters (``LISTEN``/``NOTIFY``)."""
+        return self._settings.notifications
+
+
+def provider_settings(options: Mapping[str, object]) -> Settings:
+    """A provider's keyword options (those of :data:`PROVIDER_OPTIONS`) as :class:`Settings`.
+
+    Raises :class:`~leasekit.InvalidLeaseArgument` naming a bad option; no I/O.
+    """
+    values = PROVIDER_OPTIONS.parse(overrides=options).values
+    check_grace(values)
+    table = table_name(values["table"])
+    notifications: bool = values["notifications"]
+    return Settings(
+        table=values["table"],
+        timeout_s=values["timeout_s"],
+        create_schema=values["create_schema"],
+        sweep_every=values["sweep_every"],
+        sweep_batch=values["sweep_batch"],
+        sweep_grace_s=values["sweep_grace_s"],
+        notifications=notifications,
+        statements=_sql.Statements(table),
+        channel=channel_for(str(table)) if notifications else None,
+        capabilities=(
+            CAPABILITIES if notifications else replace(CAPABILITIES, release_notifications=False)
+        ),
+    )
+
+
+def check_client(
+    client: object, pool_type: type, connection_type: type | None, *, expected: str
+) -> None:
+    """Refuse a client that is not a pool of ``pool_type`` (or an autocommit connection).
+
+    ``expected`` names what is accepted, for the message.
+    """
+    if isinstance(client, pool_type):
+        return
+    if connection_type is not None and isinstance(client, connection_type):
+        if not getattr(client, "autocommit", False):
+            raise InvalidLeaseArgument.for_argument(
+                "client",
+                "the connection must be in autocommit mode (connect with "
+                "autocommit=True): each lease operation is its own transaction",
+            )
+        return
+    raise InvalidLeaseArgument.for_argument(
+        "client",
+        f"must be {expected}, got {type(client).__module__}.{type(client).__qualname__}",
+    )
+
+
+def server_of(conninfo: object) -> str:
+    """``host:port/dbname`` of a connection string, for messages (never the password)."""
+    if not isinstance(conninfo, str):
+        return ""  # a callable that computes it (psycopg_pool >= 3.3)
+    try:
+        params = conninfo_to_dict(conninfo)
+    except (psycopg.Error, ValueError):
+        return ""
+    host, port = params.get("host", "localhost"), params.get("port", "5432")
+    return f"{host}:{port}/{params.get('dbname', '')}"
+
+
+def where(server: str, table: str) -> str:
+    """What error messages end with: ``" (server host:port/db, table t)"``."""
+    return f" (server {server}, table {table})" if server else f" (table {table})"
+
+
+def describe(server: str, table: str) -> str:
+    """What a provider's ``repr`` shows inside its parentheses."""
+    return f"table={table!r}" + (f", server={server!r}" if server else "")
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSettings:
     """What ``from_url`` builds its pool from, and the provider's own options."""
 
@@ -118,6 +300,17 @@ class PoolSettings:
     min_size: int
     max_size: int
     provider: dict[str, Any]
+
+    def pool_arguments(self, name: str) -> dict[str, Any]:
+        """What ``ConnectionPool`` and ``AsyncConnectionPool`` take besides the conninfo."""
+        return {
+            "kwargs": self.connection_kwargs,
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "timeout": self.provider["timeout_s"],
+            "name": name,
+            "open": False,
+        }
 
 
 def pool_settings(url: object, overrides: Mapping[str, object]) -> PoolSettings:

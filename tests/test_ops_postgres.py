@@ -1,0 +1,258 @@
+"""The PostgreSQL backend's operations without a server: requests checked, replies fed by hand.
+
+Each operation of ``leasekit_postgres._ops`` is a generator that yields a ``Query`` and
+is sent its reply; here the replies are written out, so what a statement's result
+means (a denied acquire, a raced brand-new key, a missing meta table) is tested
+apart from any connection, and so is the eager validation of every factory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from servers import missing_extra
+
+from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseResult
+from leasekit.backend import LeaseRecord, drive
+
+try:
+    import psycopg.errors
+except ImportError:  # pragma: no cover (depends on the environment)
+    missing_extra("postgres", "the PostgreSQL operation tests")
+
+from leasekit_postgres import _ops, _sql
+from leasekit_postgres._options import provider_settings
+
+SQL = _sql.Statements(_sql.TableName(None, "leases"))
+
+
+def replay(
+    operation: _ops.Operation[Any], replies: Sequence[object]
+) -> tuple[list[_ops.Query], Any]:
+    """Run ``operation`` on ``replies`` (an exception is raised in its place); the queries sent."""
+    sent: list[_ops.Query] = []
+    answers = iter(replies)
+
+    def exchange(query: _ops.Query) -> object:
+        sent.append(query)
+        answer = next(answers)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    result = drive(operation, exchange, throws=psycopg.Error)
+    assert next(answers, None) is None, "a reply was left unread"
+    return sent, result
+
+
+# -- acquire ---------------------------------------------------------------------------------
+
+
+def test_acquire_granted_returns_the_token_after_one_statement() -> None:
+    sent, result = replay(_ops.acquire(SQL, "k\0x", "alice", 1000), [(7, b"alice")])
+    assert result == LeaseResult(True, "alice", 7)
+    assert [q.statement for q in sent] == [SQL.acquire]
+    assert sent[0].params == {"key": b"k\0x", "owner": b"alice", "ttl_ms": 1000}
+    assert sent[0].reads == "row"
+
+
+def test_acquire_denied_names_the_holder() -> None:
+    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, "é".encode())])
+    assert result == LeaseResult(False, "é", None)
+
+
+def test_acquire_denied_by_a_newer_row_asks_who_holds_it() -> None:
+    sent, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, None), (b"carol",)])
+    assert [q.statement for q in sent] == [SQL.acquire, SQL.owner]
+    assert result == LeaseResult(False, "carol", None)
+
+
+def test_acquire_denied_by_a_row_that_expired_since_reports_no_holder() -> None:
+    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, None), None])
+    assert result == LeaseResult(False, None, None)
+
+
+def test_acquire_handed_the_key_between_two_reads_acquires_again() -> None:
+    replies = [(None, None), (b"bob",), (9, b"bob")]
+    sent, result = replay(_ops.acquire(SQL, "k", "bob", 1000), replies)
+    assert [q.statement for q in sent] == [SQL.acquire, SQL.owner, SQL.acquire]
+    assert result == LeaseResult(True, "bob", 9)
+
+
+def test_acquire_without_a_row_is_a_backend_error() -> None:
+    with pytest.raises(LeaseBackendError, match="no row"):
+        replay(_ops.acquire(SQL, "k", "bob", 1000), [None])
+
+
+# -- the other contract operations ------------------------------------------------------------
+
+
+def test_owner_decodes_the_holder_or_none() -> None:
+    assert replay(_ops.owner(SQL, "k"), [(b"alice",)])[1] == "alice"
+    sent, holder = replay(_ops.owner(SQL, "k"), [None])
+    assert holder is None
+    assert (sent[0].statement, sent[0].params) == (SQL.owner, {"key": b"k"})
+
+
+def test_release_notifies_on_the_channel_only_when_given_one() -> None:
+    sent, _ = replay(_ops.release(SQL, "k", "alice"), [1])
+    assert (sent[0].statement, sent[0].reads) == (SQL.release, "rowcount")
+    assert "channel" not in (sent[0].params or {})
+    sent, _ = replay(_ops.release(SQL, "k", "alice", "leases_released"), [0])
+    assert sent[0].statement == SQL.release_notify
+    assert sent[0].params == {"key": b"k", "owner": b"alice", "channel": "leases_released"}
+
+
+def test_release_grant_is_conditioned_on_the_token() -> None:
+    sent, _ = replay(_ops.release_grant(SQL, "k", "alice", 42), [1])
+    assert sent[0].statement == SQL.release_grant
+    assert sent[0].params == {"key": b"k", "owner": b"alice", "token": 42}
+    sent, _ = replay(_ops.release_grant(SQL, "k", "alice", 42, "c"), [1])
+    assert sent[0].statement == SQL.release_grant_notify
+    assert sent[0].params is not None
+    assert sent[0].params["channel"] == "c"
+
+
+def test_renew_and_transfer_read_the_row_count() -> None:
+    assert replay(_ops.renew(SQL, "k", "alice", 5), [1])[1] is True
+    assert replay(_ops.renew(SQL, "k", "alice", 5), [0])[1] is False
+    sent, moved = replay(_ops.transfer(SQL, "k", "alice", "bob", 5, channel="c"), [1])
+    assert moved is True
+    assert sent[0].statement == SQL.transfer_notify
+    assert sent[0].params == {
+        "key": b"k",
+        "from_owner": b"alice",
+        "to_owner": b"bob",
+        "ttl_ms": 5,
+        "channel": "c",
+    }
+    assert replay(_ops.transfer(SQL, "k", "alice", "bob", 5), [0])[1] is False
+
+
+# -- beyond the contract ---------------------------------------------------------------------
+
+
+def test_renew_many_maps_returned_positions_to_items() -> None:
+    items = [("a", "x", 10), ("b", "y", 20), ("c", "z", 30)]
+    sent, renewed = replay(_ops.renew_many(SQL, items), [[(1,), (3,)]])
+    assert renewed == [True, False, True]
+    assert sent[0].params == {
+        "keys": [b"a", b"b", b"c"],
+        "owners": [b"x", b"y", b"z"],
+        "ttls_ms": [10, 20, 30],
+    }
+
+
+def test_renew_many_of_nothing_sends_nothing() -> None:
+    assert replay(_ops.renew_many(SQL, []), []) == ([], [])
+
+
+def test_inspect_reads_records_and_turns_a_prefix_into_a_key_range() -> None:
+    rows = [(b"job/1", b"alice", 3, 0), (b"job/2", b"bob", 4, 1500)]
+    sent, records = replay(_ops.inspect(SQL, "job/", 10), [rows])
+    assert records == [LeaseRecord("job/1", "alice", 3, 1), LeaseRecord("job/2", "bob", 4, 1500)]
+    assert sent[0].statement == SQL.inspect_prefix
+    assert sent[0].params == {"limit": 10, "low": b"job/", "high": b"job0"}
+    sent, _ = replay(_ops.inspect(SQL), [[]])
+    assert (sent[0].statement, sent[0].params) == (SQL.inspect_all, {"limit": 1000})
+
+
+def test_remaining_sweep_row_count_and_end_process() -> None:
+    assert replay(_ops.remaining(SQL, "k"), [(0,)])[1] == 1  # never 0 while live
+    assert replay(_ops.remaining(SQL, "k"), [None])[1] is None
+    sent, deleted = replay(_ops.sweep(SQL, 600.0, 50), [50])
+    assert deleted == 50
+    assert sent[0].params == {"grace_s": 600.0, "batch": 50}
+    assert replay(_ops.row_count(SQL), [(12,)])[1] == 12
+    assert replay(_ops.end_process(99, 400), [[(True,)]])[1] is True
+    assert replay(_ops.end_process(99, 400), [[(False,)]])[1] is False
+    assert replay(_ops.end_process(99, 400), [[]])[1] is True  # already gone
+
+
+# -- the schema ------------------------------------------------------------------------------
+
+
+def test_ensure_schema_creates_a_missing_table() -> None:
+    missing = psycopg.errors.UndefinedTable("no meta table")
+    sent, _ = replay(_ops.ensure_schema(SQL, "leases", create=True), [missing, -1])
+    assert [q.statement for q in sent] == [SQL.schema_version, SQL.migrate]
+    assert sent[1].prepare is False  # several commands: never prepared
+
+
+def test_ensure_schema_accepts_the_current_version_with_one_read() -> None:
+    sent, _ = replay(_ops.ensure_schema(SQL, "leases", create=False), [(_sql.SCHEMA_VERSION,)])
+    assert len(sent) == 1
+
+
+def test_ensure_schema_refuses_a_newer_schema_and_a_missing_one_it_may_not_create() -> None:
+    newer = [(_sql.SCHEMA_VERSION + 1,)]
+    with pytest.raises(LeaseBackendError, match="newer"):
+        replay(_ops.ensure_schema(SQL, "leases", create=True), newer)
+    with pytest.raises(LeaseBackendError, match="leasekit migrate"):
+        replay(_ops.ensure_schema(SQL, "leases", create=False), [None])
+
+
+def test_create_schema_runs_again_after_a_concurrent_creation_then_gives_up() -> None:
+    raced = psycopg.errors.UniqueViolation("created at the same moment")
+    sent, version = replay(_ops.migrate(SQL), [raced, -1, (_sql.SCHEMA_VERSION,)])
+    assert [q.statement for q in sent] == [SQL.migrate, SQL.migrate, SQL.schema_version]
+    assert version == _sql.SCHEMA_VERSION
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        replay(_ops.create_schema(SQL), [raced, raced, raced])
+
+
+# -- validation, before any I/O --------------------------------------------------------------
+
+BAD_CALLS: list[tuple[str, Callable[[], object]]] = [
+    ("key", lambda: _ops.acquire(SQL, "", "a", 1)),
+    ("owner", lambda: _ops.acquire(SQL, "k", 7, 1)),  # type: ignore[arg-type]
+    ("ttl_ms", lambda: _ops.acquire(SQL, "k", "a", 1.5)),  # type: ignore[arg-type]
+    ("key", lambda: _ops.owner(SQL, "x" * 2000)),
+    ("owner", lambda: _ops.release(SQL, "k", "")),
+    ("owner", lambda: _ops.release_grant(SQL, "k", "", 1)),
+    ("ttl_ms", lambda: _ops.renew(SQL, "k", "a", 0)),
+    ("to_owner", lambda: _ops.transfer(SQL, "k", "a", "", 1)),
+    ("from_owner", lambda: _ops.transfer(SQL, "k", "", "b", 1)),
+    ("items", lambda: _ops.renew_many(SQL, "abc")),  # type: ignore[arg-type]
+    ("prefix", lambda: _ops.inspect(SQL, "")),
+    ("limit", lambda: _ops.inspect(SQL, None, 0)),
+    ("key", lambda: _ops.remaining(SQL, "")),
+]
+
+
+@pytest.mark.parametrize(("argument", "call"), BAD_CALLS, ids=[a for a, _ in BAD_CALLS])
+def test_every_factory_validates_before_returning_an_operation(
+    argument: str, call: Callable[[], object]
+) -> None:
+    with pytest.raises(InvalidLeaseArgument) as raised:
+        call()
+    assert raised.value.argument == argument
+
+
+# -- what both providers share ---------------------------------------------------------------
+
+
+def test_sweep_schedule_counts_writes_and_sweeps_again_after_a_full_batch() -> None:
+    schedule = _ops.SweepSchedule(every=3, batch=10)
+    assert [schedule.wrote() for _ in range(3)] == [False, False, True]
+    schedule.started()
+    assert not schedule.wrote()
+    schedule.swept(10)  # a full batch: a backlog
+    assert schedule.wrote()
+    never = _ops.SweepSchedule(every=0, batch=10)
+    assert not any(never.wrote() for _ in range(5))
+
+
+def test_provider_settings_check_the_grace_and_derive_the_channel() -> None:
+    settings = provider_settings({"table": "app.jobs"})
+    assert settings.channel == "app.jobs_released"
+    assert settings.capabilities.release_notifications
+    quiet = provider_settings({"notifications": False})
+    assert quiet.channel is None
+    assert not quiet.capabilities.release_notifications
+    with pytest.raises(InvalidLeaseArgument, match="sweep_grace_s"):
+        provider_settings({"timeout_s": 10, "sweep_grace_s": 5})
+    with pytest.raises(InvalidLeaseArgument, match="table"):
+        provider_settings({"table": "no-dashes"})
