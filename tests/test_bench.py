@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import free_port
+from servers import free_port, require_module
 
 import leasekit
 from leasekit._bench import _schemes as bench_schemes
@@ -471,7 +471,7 @@ def test_bad_arguments_raise_before_anything_runs(options: dict[str, Any], argum
 def test_etcd_measures_leasekit_the_aetcd_floor_and_python_etcd3(etcd_url: str) -> None:
     import asyncio  # noqa: PLC0415 (only this test reads etcd afterwards)
 
-    aetcd = pytest.importorskip("aetcd", reason="the etcd extra: pip install -e '.[etcd]'")
+    aetcd = require_module("aetcd", extra="etcd")
 
     report = bench_json(etcd_url)
     assert report["server"].startswith("etcd ")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import require_module
 
 from leasekit._demo import DemoReport, Holding, find_overlaps
 
@@ -204,7 +205,7 @@ def test_no_cli_message_shows_the_urls_password(
     driver: str | None, command: str, url: str, status: int
 ) -> None:
     if driver is not None:
-        pytest.importorskip(driver)
+        require_module(driver, extra=driver)
     args = [command, url.format(port=_refused_port())] + (["k"] if command == "owner" else [])
     for debug in ([], ["--debug"]):  # --debug prints the whole chained traceback
         run = leasekit(*debug, *args)
@@ -263,7 +264,7 @@ def test_backends_table_prints_the_install_hint_of_a_missing_extra_verbatim() ->
 def test_demo_live_view_prints_keys_and_owners_verbatim() -> None:
     from leasekit._cli import _render  # noqa: PLC0415 (the live view, drawn off-screen)
 
-    rich_console = pytest.importorskip("rich.console")
+    rich_console = require_module("rich.console", install="pip install rich")
     console = rich_console.Console(width=120, record=True, file=io.StringIO())
     console.print(_render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
     text = console.export_text()
@@ -317,7 +318,7 @@ def test_check_of_an_unknown_scheme_fails_like_every_command() -> None:
 
 
 def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
-    pytest.importorskip("redis")
+    require_module("redis", extra="redis")
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
@@ -331,7 +332,7 @@ def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
 
 
 def test_check_of_a_store_that_never_answers_fails_in_one_line_within_the_timeout() -> None:
-    pytest.importorskip("redis")
+    require_module("redis", extra="redis")
     # A listener that accepts connections (the kernel completes the handshake) and
     # never reads or answers: a stalled store.
     with socket.socket() as silent:

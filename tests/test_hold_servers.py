@@ -39,7 +39,7 @@ from faults import (
     eventually,
     scripted_provider,
 )
-from servers import ServerProcess, etcd_http
+from servers import ServerProcess, etcd_http, require_module
 
 import leasekit
 import leasekit.sync
@@ -211,7 +211,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     """A private server of each backend, free to pause."""
     name = request.param
     if name == "redis":
-        pytest.importorskip("redis")
+        require_module("redis", extra="redis")
         server = request.getfixturevalue("private_redis_server")
         made = Store(
             name,
@@ -223,7 +223,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             read_expiry=_redis_expiry,
         )
     elif name == "postgres":
-        pytest.importorskip("psycopg")
+        require_module("psycopg", extra="postgres")
         server = request.getfixturevalue("private_postgres_server")
         made = Store(
             name,
@@ -237,7 +237,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             read_expiry=_postgres_expiry,
         )
     elif name == "etcd":
-        pytest.importorskip("aetcd")
+        require_module("aetcd", extra="etcd")
         server = request.getfixturevalue("private_etcd_server")
         # Whole seconds, so 3 s; renewed every 2 s so that the TTL report steps down
         # (a second after a renewal) before the next renewal moves the expiry.
@@ -252,7 +252,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             renews_in_batches=False,
         )
     else:
-        pytest.importorskip("asyncmy")
+        require_module("asyncmy", extra="mysql")
         server = request.getfixturevalue("private_mariadb_server")
         made = Store(
             name,

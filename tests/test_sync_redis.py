@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import RedisServer
+from servers import RedisServer, require_module
 
 import leasekit
 import leasekit.plugins
@@ -29,8 +29,8 @@ from leasekit import (
 )
 from leasekit.backend import SupportsSyncProvider, SyncBackendProvider, sync_factory
 
-redis = pytest.importorskip("redis")
-leasekit_redis = pytest.importorskip("leasekit_redis")
+redis = require_module("redis", extra="redis")
+leasekit_redis = require_module("leasekit_redis", extra="redis")
 
 LONG_TTL_MS = 60_000
 THREADS = 16
