@@ -58,7 +58,10 @@ def test_fencing_demo_on_redis_rejects_the_stale_write_and_cleans_up(
 ) -> None:
     redis = require_module("redis", extra="redis")
     separator = "&" if "?" in redis_url else "?"
-    url = f"{redis_url}{separator}prefix={quote(redis_prefix)}"
+    # Every option of the lease store's URL is the backend's to read, the last two
+    # included (the demo's own list of them once lacked both, and redis-py refused).
+    options = f"prefix={quote(redis_prefix)}&max_connections=4&autopipeline=false"
+    url = f"{redis_url}{separator}{options}"
     run = leasekit("demo", "--fencing", "--ttl-ms", "300", "--url", url)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "resource: Redis key" in run.stdout
