@@ -73,12 +73,12 @@ def test_demo_verdict_catches_a_provider_without_exclusion() -> None:
 def test_demo_verdict_lists_ten_violations_then_counts_the_rest(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from leasekit._cli import _print_report  # noqa: PLC0415 (the verdict, without a run)
+    from leasekit._cli._demo_view import print_report  # noqa: PLC0415 (the verdict, no run)
 
     holdings = [_h(f"w{i}", 0, 1) for i in range(13)]  # 13 owners at once
     overlaps, _ = find_overlaps(holdings)
     report = DemoReport(holdings=holdings, overlaps=overlaps)
-    _print_report(report, ttl_ms=600)
+    print_report(report, ttl_ms=600)
     out = capsys.readouterr().out
     assert f"VIOLATED: {len(overlaps)} overlapping ownerships" in out
     assert out.count("  overlaps  ") == 10
@@ -262,11 +262,11 @@ def test_backends_table_prints_the_install_hint_of_a_missing_extra_verbatim() ->
 
 
 def test_demo_live_view_prints_keys_and_owners_verbatim() -> None:
-    from leasekit._cli import _render  # noqa: PLC0415 (the live view, drawn off-screen)
+    from leasekit._cli._demo_view import render  # noqa: PLC0415 (the live view, off-screen)
 
     rich_console = require_module("rich.console", install="pip install rich")
     console = rich_console.Console(width=120, record=True, file=io.StringIO())
-    console.print(_render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
+    console.print(render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
     text = console.export_text()
     assert "[bold]k" in text
     assert "[red]w (killed, expiring)" in text
