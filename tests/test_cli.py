@@ -10,11 +10,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from servers import require_module
 
+import leasekit as leasekit_package
+from leasekit._cli import main
 from leasekit._demo import DemoReport, Holding, find_overlaps
+from leasekit._memory import MemoryLeaseProvider
+from leasekit._registry import BackendRegistry
 
 
 def leasekit(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -353,3 +358,31 @@ def test_check_usage_shows_the_pytest_arguments_as_optional() -> None:
     run = leasekit("check", "--help")
     assert run.returncode == 0
     assert "URL [PYTEST_ARGS ...]" in run.stdout
+
+
+def test_read_only_commands_pass_the_backends_read_only_options(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The CLI knows no backend: a backend's class names the options that keep a
+    # read from creating its store (SQLite's create=False), and only reads pass them.
+    opened: list[dict[str, object]] = []
+
+    class ReadOnlyAware(MemoryLeaseProvider):
+        read_only_options: ClassVar[dict[str, object]] = {"create": False}
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> MemoryLeaseProvider:
+            opened.append(options)
+            return MemoryLeaseProvider.from_url("memory://")
+
+    registry = BackendRegistry()
+    registry.register("readonlyaware", ReadOnlyAware)
+    monkeypatch.setattr(leasekit_package, "_registry", registry)
+    url = "readonlyaware://x"
+    assert main(["owner", url, "k"]) == 1
+    assert main(["inspect", url]) == 2  # memory cannot list, but opened it first
+    assert main(["acquire", url, "k", "a", "--ttl-ms", "1000"]) == 0
+    assert opened == [{"create": False}, {"create": False}, {}]
+    # A backend without the attribute opens as it is (memory:// refuses unknown options).
+    assert main(["owner", "memory://", "k"]) == 1
+    assert "cannot list leases" in capsys.readouterr().err

@@ -13,15 +13,18 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
+
+import leasekit
 
 from .. import available_backends, connect
 from .._capabilities import capabilities_of
 from .._demo import DemoConfig, Views, run_demo
 from .._errors import LeaseBackendTimeout
+from .._registry import scheme_of
 from ..backend._records import SupportsInspect, SupportsMigrate, supports
 from ._demo_view import print_report, render
 from ._parser import EXIT_NO, EXIT_OK, UsageError
@@ -89,9 +92,15 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
 
 
 def _for_reading(url: str) -> dict[str, Any]:
-    """Options that keep a read-only command from creating the store it reads."""
-    # Opening a SQLite URL creates the file: a typo would leave a new, empty one behind.
-    return {"create": False} if url.lower().startswith("sqlite:") else {}
+    """Options that keep a read-only command from creating the store it reads.
+
+    A backend whose opening can create its store (SQLite creates a missing file: a
+    typo would leave a new, empty one behind) names them in its class attribute
+    ``read_only_options`` (a mapping of ``from_url`` options); other backends open
+    as they are.
+    """
+    declared = getattr(leasekit._registry.load(scheme_of(url)), "read_only_options", None)
+    return dict(declared) if isinstance(declared, Mapping) else {}
 
 
 async def lease_command(args: argparse.Namespace) -> int:
