@@ -53,6 +53,9 @@ SLACK_S = 0.005
 EARLY_S = 1e-6
 """asyncio runs a timer up to its clock's resolution early (a nanosecond on Linux)."""
 
+TURNS_TO_LOSS = 5
+"""Loop turns from a hold's deadline to its loss (a few; see the stalled-store test)."""
+
 KEY = "k"
 
 
@@ -402,13 +405,16 @@ async def test_a_stalled_store_is_a_loss_a_margin_before_the_server_expiry(
     # answer; on a loaded machine that is more than the read jitter.)
     slack_s = max(SLACK_S, store.state.get("uncertainty_s", 0.0))
     assert seen["expiry"] - seen["deadline"] >= margin_s - slack_s, (seen, slack_s)
-    # ...the loss comes at it: within two loop turns that began after the deadline (the
-    # turn whose timers include it, and the next, where the hold's task runs), counted
-    # in turns, which the code controls; how late in milliseconds the process got the
-    # CPU is the machine's load, which the margin absorbs: reported above, not
-    # asserted. The body hears of it on the next turn.
+    # ...the loss comes at it: within a few loop turns that began after the deadline
+    # (the turn whose timers include it, the next, where the hold's task runs, and any
+    # that began in the microseconds between the deadline and its timer's due time;
+    # a loss that waited for the stalled call would come thousands of turns later, the
+    # LoopTurns task turning the loop all the while). Counted in turns, which the code
+    # controls; how late in milliseconds the process got the CPU is the machine's
+    # load, which the margin absorbs: reported above, not asserted. The body hears of
+    # it on the next turn.
     assert seen["deadline"] - EARLY_S <= seen["lost"] <= seen["cancelled"], seen
-    assert turns.between(seen["deadline"], seen["lost"]) <= 2, seen
+    assert turns.between(seen["deadline"], seen["lost"]) <= TURNS_TO_LOSS, seen
     assert turns_at["cancelled"] - turns_at["lost"] <= 1
 
 
