@@ -39,18 +39,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+import leasekit
 
 from . import connect
 from ._capabilities import capabilities_of
 from ._errors import InvalidLeaseArgument, LeaseError, StaleFencingToken
+from ._registry import scheme_of
+from .backend import sync_factory
 from .fencing import fence_sqlite, fenced_redis_write_sync
 
 __all__ = ["FencingConfig", "FencingVerdict", "judge_fencing", "run_fencing_demo"]
 
 _REDIS_SCHEMES = frozenset({"redis", "rediss"})
-# Options in a Redis URL's query that are leasekit's, not redis-py's.
-_LEASEKIT_REDIS_OPTIONS = frozenset({"prefix", "timeout_s", "counter_ttl_ms", "cluster"})
 _STEP_TIMEOUT_S = 60.0  # per step, far above anything a working store needs
 _POLL_S = 0.02  # how often worker-b retries its acquire
 
@@ -106,18 +108,22 @@ class _Resource:
 
     @contextlib.contextmanager
     def _redis_client(self) -> Iterator[Any]:
-        import redis  # noqa: PLC0415 (only a Redis run needs the driver)
+        """redis-py's blocking client on the lease store, built by the backend itself.
 
-        parts = urlsplit(self.config.redis_url or "")
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        cluster = any(k == "cluster" and v.lower() in {"1", "true", "yes"} for k, v in query)
-        kept = urlencode([(k, v) for k, v in query if k not in _LEASEKIT_REDIS_OPTIONS])
-        url = urlunsplit(parts._replace(query=kept))
-        client = redis.RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        The backend's native blocking provider (its ``sync_from_url``) reads the URL with
+        the backend's own parser, so every option means what it means to the lease
+        store, and only the driver's settings reach redis-py; its ``client`` is the one
+        the fenced writes go through.
+        """
+        url = self.config.redis_url or ""
+        factory = sync_factory(leasekit._registry.load(scheme_of(url)))
+        if factory is None:
+            raise InvalidLeaseArgument(f"the backend for {url.split(':', 1)[0]}:// has no client")
+        provider: Any = factory(url)
         try:
-            yield client
+            yield provider.client
         finally:
-            client.close()
+            provider.close()
 
     def _sqlite(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=_STEP_TIMEOUT_S)

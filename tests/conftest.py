@@ -34,6 +34,9 @@ PROCESS_CHECKS = frozenset(
 # The suite's cancellation checks run 60 cancels and 300: the 300 are marked here.
 MANY_CANCELS = 300
 
+SLOW_TEST_TIMEOUT_S = 900
+"""The bound of a test marked slow; every other test has pyproject's ``timeout`` (300 s)."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -44,6 +47,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("cancels") == MANY_CANCELS:
             item.add_marker(pytest.mark.slow)
+        # pytest-timeout reads the closest timeout mark: a test's own comes first.
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 # -- gRPC events of event loops that are already closed -------------------------------------

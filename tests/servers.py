@@ -14,13 +14,17 @@ kernel hands out on 127.0.0.1, never a well-known port, and data lives in a temp
 
 When a server binary is missing, :func:`missing_server` skips the test with the install
 command in the reason, or fails it when ``LEASEKIT_REQUIRE_SERVERS=1`` (set by CI), so
-a CI machine can never pass by skipping.
+a CI machine can never pass by skipping. A missing Python package (a backend's driver,
+a peer the tests need) goes through :func:`require_module`, under the same rule
+(``pytest.importorskip`` would skip on CI too; it is left for standard-library modules
+of newer Pythons only).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import shutil
 import signal
@@ -31,7 +35,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, BinaryIO, ClassVar, NoReturn, TypeVar
 
 import pytest
@@ -51,6 +55,7 @@ __all__ = [
     "missing_extra",
     "missing_server",
     "pg_ready",
+    "require_module",
     "resp_command",
     "servers_required",
 ]
@@ -98,6 +103,29 @@ def missing_extra(extra: str, tests: str) -> NoReturn:
             pytrace=False,
         )
     pytest.skip(f"the {extra} extra is not installed: {install}", allow_module_level=True)
+
+
+def require_module(name: str, *, extra: str | None = None, install: str = "") -> ModuleType:
+    """Import module ``name``; if it is not installed, skip the caller, or fail it under CI.
+
+    Works in a test and at a module's top (it then skips the whole module). ``extra``
+    names leasekit's extra that brings the module (the reason says
+    ``pip install -e '.[extra]'``); ``install`` is the command otherwise. Only a missing
+    module skips: a module that is installed and fails to import is an error.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (name == exc.name or name.startswith(f"{exc.name}.")):
+            raise
+        command = f"pip install -e '.[{extra}]'" if extra else install or f"pip install {name}"
+        reason = f"{name} is not installed; install it with: {command}"
+        if servers_required():
+            pytest.fail(
+                f"{reason} ({REQUIRE_SERVERS_ENV}=1, so this fails instead of skipping)",
+                pytrace=False,
+            )
+        pytest.skip(reason, allow_module_level=True)
 
 
 def find_binary(name: str, extra_dirs: Iterable[str | Path] = ()) -> str | None:

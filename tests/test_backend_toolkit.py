@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import os
 import pickle
 import socket
@@ -331,10 +332,15 @@ class Gate:
         self.release = asyncio.Event()
         self.started = 0
         self.finished = 0
+        self.cancelled = 0
 
     async def call(self, value: object = "ok") -> object:
         self.started += 1
-        await self.release.wait()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         self.finished += 1
         if isinstance(value, BaseException):
             raise value
@@ -514,14 +520,18 @@ async def test_a_detached_call_waits_for_the_abandoned_calls_on_its_key() -> Non
     with pytest.raises(LeaseBackendTimeout):
         await provider._call_detached(stubborn("abandoned k"), "k")
     assert await provider._call_detached(quick("other key"), "j") == "other key"
+    too_early = quick("k, too early")
     with pytest.raises(LeaseBackendTimeout):
-        await provider._call_detached(quick("k, too early"), "k")  # never sent
+        await provider._call_detached(too_early, "k")
     later = asyncio.ensure_future(provider._call_detached(quick("k, later"), "k"))
     await asyncio.sleep(0.05)
     assert not later.done()
     release.set()
     assert await later == "k, later"
     assert order == ["other key", "abandoned k", "k, later"]
+    # The call given up before it was sent was closed unstarted, not dropped (a dropped
+    # one would stay "created", and this test would not tell).
+    assert inspect.getcoroutinestate(too_early) == inspect.CORO_CLOSED
     assert provider._abandoned_by_key == {}
     await provider.aclose()
 
@@ -555,7 +565,8 @@ async def test_a_cancelled_detached_call_propagates_and_unwinds_in_the_backgroun
     with pytest.raises(asyncio.CancelledError):
         await task
     await provider.aclose()  # the abandoned call was cancelled and is settled
-    assert gate.finished == 0
+    # Cancelled, not dropped: a dropped call is neither finished nor cancelled.
+    assert (gate.finished, gate.cancelled) == (0, 1)
 
 
 async def test_a_cancel_from_elsewhere_is_not_turned_into_a_timeout() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from apps.exclusive import check_answers, stop_on_sigterm
 from faults import PATIENCE_S
+from servers import require_module
 from test_sync import backend_url
 
 TASKS = 60
@@ -34,7 +35,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def test_celery_prefork_children_share_a_facade_opened_in_the_main_process(
     url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    celery = pytest.importorskip("celery")
+    celery = require_module("celery", extra="self-test")
     markers = tmp_path / "markers"
     markers.mkdir()
     queue = f"leasekit-test-{uuid.uuid4().hex[:8]}"

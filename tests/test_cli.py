@@ -10,10 +10,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+from servers import require_module
 
+import leasekit as leasekit_package
+from leasekit._cli import main
 from leasekit._demo import DemoReport, Holding, find_overlaps
+from leasekit._memory import MemoryLeaseProvider
+from leasekit._registry import BackendRegistry
 
 
 def leasekit(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -72,12 +78,12 @@ def test_demo_verdict_catches_a_provider_without_exclusion() -> None:
 def test_demo_verdict_lists_ten_violations_then_counts_the_rest(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from leasekit._cli import _print_report  # noqa: PLC0415 (the verdict, without a run)
+    from leasekit._cli._demo_view import print_report  # noqa: PLC0415 (the verdict, no run)
 
     holdings = [_h(f"w{i}", 0, 1) for i in range(13)]  # 13 owners at once
     overlaps, _ = find_overlaps(holdings)
     report = DemoReport(holdings=holdings, overlaps=overlaps)
-    _print_report(report, ttl_ms=600)
+    print_report(report, ttl_ms=600)
     out = capsys.readouterr().out
     assert f"VIOLATED: {len(overlaps)} overlapping ownerships" in out
     assert out.count("  overlaps  ") == 10
@@ -204,7 +210,7 @@ def test_no_cli_message_shows_the_urls_password(
     driver: str | None, command: str, url: str, status: int
 ) -> None:
     if driver is not None:
-        pytest.importorskip(driver)
+        require_module(driver, extra=driver)
     args = [command, url.format(port=_refused_port())] + (["k"] if command == "owner" else [])
     for debug in ([], ["--debug"]):  # --debug prints the whole chained traceback
         run = leasekit(*debug, *args)
@@ -261,11 +267,11 @@ def test_backends_table_prints_the_install_hint_of_a_missing_extra_verbatim() ->
 
 
 def test_demo_live_view_prints_keys_and_owners_verbatim() -> None:
-    from leasekit._cli import _render  # noqa: PLC0415 (the live view, drawn off-screen)
+    from leasekit._cli._demo_view import render  # noqa: PLC0415 (the live view, off-screen)
 
-    rich_console = pytest.importorskip("rich.console")
+    rich_console = require_module("rich.console", install="pip install rich")
     console = rich_console.Console(width=120, record=True, file=io.StringIO())
-    console.print(_render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
+    console.print(render({"[bold]k": "[red]w", "k2": None}, 1.0, "[red]w"))
     text = console.export_text()
     assert "[bold]k" in text
     assert "[red]w (killed, expiring)" in text
@@ -317,7 +323,7 @@ def test_check_of_an_unknown_scheme_fails_like_every_command() -> None:
 
 
 def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
-    pytest.importorskip("redis")
+    require_module("redis", extra="redis")
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
@@ -331,7 +337,7 @@ def test_check_of_a_store_that_refuses_fails_in_one_line() -> None:
 
 
 def test_check_of_a_store_that_never_answers_fails_in_one_line_within_the_timeout() -> None:
-    pytest.importorskip("redis")
+    require_module("redis", extra="redis")
     # A listener that accepts connections (the kernel completes the handshake) and
     # never reads or answers: a stalled store.
     with socket.socket() as silent:
@@ -352,3 +358,31 @@ def test_check_usage_shows_the_pytest_arguments_as_optional() -> None:
     run = leasekit("check", "--help")
     assert run.returncode == 0
     assert "URL [PYTEST_ARGS ...]" in run.stdout
+
+
+def test_read_only_commands_pass_the_backends_read_only_options(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The CLI knows no backend: a backend's class names the options that keep a
+    # read from creating its store (SQLite's create=False), and only reads pass them.
+    opened: list[dict[str, object]] = []
+
+    class ReadOnlyAware(MemoryLeaseProvider):
+        read_only_options: ClassVar[dict[str, object]] = {"create": False}
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> MemoryLeaseProvider:
+            opened.append(options)
+            return MemoryLeaseProvider.from_url("memory://")
+
+    registry = BackendRegistry()
+    registry.register("readonlyaware", ReadOnlyAware)
+    monkeypatch.setattr(leasekit_package, "_registry", registry)
+    url = "readonlyaware://x"
+    assert main(["owner", url, "k"]) == 1
+    assert main(["inspect", url]) == 2  # memory cannot list, but opened it first
+    assert main(["acquire", url, "k", "a", "--ttl-ms", "1000"]) == 0
+    assert opened == [{"create": False}, {"create": False}, {}]
+    # A backend without the attribute opens as it is (memory:// refuses unknown options).
+    assert main(["owner", "memory://", "k"]) == 1
+    assert "cannot list leases" in capsys.readouterr().err

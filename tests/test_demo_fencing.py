@@ -11,7 +11,7 @@ import sys
 from urllib.parse import quote
 
 import pytest
-from servers import free_port
+from servers import free_port, require_module
 
 from leasekit._demo_fencing import judge_fencing
 
@@ -56,9 +56,12 @@ def test_fencing_demo_on_the_sqlite_default_rejects_the_stale_write() -> None:
 def test_fencing_demo_on_redis_rejects_the_stale_write_and_cleans_up(
     redis_url: str, redis_prefix: str
 ) -> None:
-    redis = pytest.importorskip("redis")
+    redis = require_module("redis", extra="redis")
     separator = "&" if "?" in redis_url else "?"
-    url = f"{redis_url}{separator}prefix={quote(redis_prefix)}"
+    # Every option of the lease store's URL is the backend's to read, the last two
+    # included (the demo's own list of them once lacked both, and redis-py refused).
+    options = f"prefix={quote(redis_prefix)}&max_connections=4&autopipeline=false"
+    url = f"{redis_url}{separator}{options}"
     run = leasekit("demo", "--fencing", "--ttl-ms", "300", "--url", url)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "resource: Redis key" in run.stdout
@@ -86,7 +89,7 @@ def test_fencing_demo_refuses_stores_that_cannot_show_it() -> None:
 
 
 def test_fencing_demo_reports_an_unreachable_store_as_a_backend_error() -> None:
-    pytest.importorskip("redis")
+    require_module("redis", extra="redis")
     run = leasekit("demo", "--fencing", "--url", f"redis://127.0.0.1:{free_port()}/0")
     assert run.returncode == 3, run.stdout + run.stderr
     assert "leasekit: error: redis" in run.stderr

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from apps.exclusive import check_answers, stop_on_sigterm
 from faults import PATIENCE_S
-from servers import LOOPBACK, free_port
+from servers import LOOPBACK, free_port, require_module
 from test_sync import backend_url
 
 REQUESTS = 200
@@ -52,7 +52,7 @@ def wait_until_serving(port: int, server: subprocess.Popen[bytes]) -> None:
 def test_gunicorn_preload_workers_share_a_facade_opened_in_the_master(
     url: str, tmp_path: Path
 ) -> None:
-    pytest.importorskip("gunicorn")
+    require_module("gunicorn", extra="self-test")
     markers = tmp_path / "markers"
     markers.mkdir()
     port = free_port()

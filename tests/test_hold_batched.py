@@ -199,3 +199,25 @@ async def test_a_batch_answering_the_wrong_number_of_items_renews_no_one() -> No
         await clock.advance(2700)
         assert [lease.lost_reason for lease in holds] == ["expired"] * 3
         assert math.isfinite(holds[0].valid_until)
+
+
+async def test_a_retry_after_a_failed_batch_that_is_refused_loses_the_lease() -> None:
+    # A batch fails (outcome unknown); before its retry, another owner takes one key.
+    # The retry, sent as a single renewal in the next batch, is refused: that hold is
+    # lost at once ("renew_refused") and believes nothing more, while the others'
+    # retries renew them. (Counting the refused retry as renewed kept the hold alive on
+    # a key someone else held, and every test waiting for its loss hung.)
+    clock = FakeClock()
+    memory = memory_provider(clock)
+    store = BatchingScriptedProvider(memory)
+    async with contextlib.AsyncExitStack() as stack:
+        holds = await hold_many(stack, store, clock, 3, on_lost="flag")
+        store.fail_renewals = 1
+        await clock.advance(1000)
+        assert (store.batches, store.renewed) == (1, 0)  # failed: nobody renewed yet
+        await memory.release_lease("k1", "owner-1")
+        await memory.acquire_lease("k1", "thief", 60_000)
+        await clock.advance(200)  # the retries back off 62-125 ms, and coalesce
+        assert [lease.lost_reason for lease in holds] == [None, "renew_refused", None]
+        assert [lease.valid_until > 2.7 for lease in holds] == [True, False, True]
+        assert await memory.get_lease_owner("k1") == "thief"

@@ -19,6 +19,7 @@ from typing import Any
 import pluggy
 import pytest
 from faults import ScriptedProvider, documented_output, eventually, run_example, shared_url
+from servers import require_module
 
 import leasekit
 import leasekit.plugins
@@ -376,7 +377,7 @@ async def test_the_logging_plugin_takes_over_holds_own_warnings(
 
 
 async def test_otel_plugin_counts_operations_and_records_latency() -> None:
-    pytest.importorskip("opentelemetry.sdk.metrics")
+    require_module("opentelemetry.sdk.metrics", extra="self-test")
     from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
     from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
         Histogram,

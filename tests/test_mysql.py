@@ -479,6 +479,25 @@ async def test_sessions_in_other_time_zones_agree_on_expiry(
 # -- fencing tokens and the sweep ---------------------------------------------------------------
 
 
+async def age_rows(url: str, table: str, like: str, seconds: int, *, tokens: str) -> int:
+    """Move the rows whose key is ``LIKE like`` ``seconds`` into the past, as if granted then.
+
+    Their expiry moves, and with ``tokens=clock`` their token too (the grant's time on
+    the server's clock, which the sweep also checks). The sweep judges rows by the
+    server's clock: aged this way they are past any grace period at once, so a test
+    needs neither a short ``timeout_s`` (the grace must exceed it) nor to wait.
+    """
+    token = ", token = token - %s * 1000000" if tokens == "clock" else ""
+    args = (seconds, seconds, like) if token else (seconds, like)
+    async with admin(url) as cursor:
+        await cursor.execute(
+            f"UPDATE {quoted(table)} SET expires_at = expires_at - INTERVAL %s SECOND{token} "
+            "WHERE lease_key LIKE %s",
+            args,
+        )
+        return int(cursor.rowcount)
+
+
 @pytest.mark.parametrize("tokens", ["sequence", "clock"])
 async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
     mysql_url: str, mysql_table: str, tokens: str
@@ -486,25 +505,13 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
     if tokens == "sequence":
         await skip_unless_mariadb(mysql_url)
     async with MySQLLeaseProvider.from_url(
-        mysql_url,
-        table=mysql_table,
-        tokens=tokens,
-        timeout_s=0.2,
-        sweep_grace_s=0.3,
-        sweep_every=0,
+        mysql_url, table=mysql_table, tokens=tokens, sweep_grace_s=600, sweep_every=0
     ) as p:
         old = [await p.acquire_lease(f"old{i}", "a", 1) for i in range(5)]
         await p.acquire_lease("live", "a", LONG_MS)
         assert await p.sweep() == 0  # expired, but not for longer than the grace period
-        deleted = 0
-
-        async def swept_all() -> bool:
-            nonlocal deleted
-            deleted += await p.sweep()
-            return deleted >= 5
-
-        await eventually(swept_all, "the sweep to reclaim the expired rows")
-        assert deleted == 5
+        assert await age_rows(mysql_url, mysql_table, "old%", 3600, tokens=tokens) == 5
+        assert await p.sweep() == 5
         assert await p.row_count() == 1
         assert await p.get_lease_owner("live") == "a"
         again = await p.acquire_lease("old0", "b", LONG_MS)  # a new row for a swept key
@@ -514,11 +521,11 @@ async def test_sweep_reclaims_old_rows_only_and_tokens_keep_increasing(
 
 async def test_background_sweeps_keep_the_table_bounded(mysql_url: str, mysql_table: str) -> None:
     async with MySQLLeaseProvider.from_url(
-        mysql_url, table=mysql_table, timeout_s=0.2, sweep_grace_s=0.3, sweep_every=10
+        mysql_url, table=mysql_table, tokens="clock", sweep_grace_s=600, sweep_every=10
     ) as p:
         for i in range(40):
             await p.acquire_lease(f"k{i}", "a", 1)
-        await asyncio.sleep(0.4)
+        assert await age_rows(mysql_url, mysql_table, "k%", 3600, tokens="clock") == 40
 
         async def bounded() -> bool:
             await p.acquire_lease("churn", "a", 1)

@@ -17,6 +17,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from servers import require_module
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -27,7 +28,7 @@ BUILD = "import sys, hatchling.build as b; print(getattr(b, 'build_' + sys.argv[
 
 def build(kind: str, out: Path) -> Path:
     """Build the ``sdist`` or ``wheel`` of this checkout into ``out``; its path."""
-    pytest.importorskip("hatchling", reason="building leasekit needs pip install hatchling")
+    require_module("hatchling", install="pip install hatchling")
     done = subprocess.run(
         [sys.executable, "-c", BUILD, kind, str(out)],
         cwd=ROOT,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults import PATIENCE_S, ScriptedProvider, documented_output, run_example, shared_url
+from servers import require_module
 
 import leasekit
 import leasekit.sync
@@ -38,11 +39,11 @@ def backend_url(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> st
         prefix: str = request.getfixturevalue("redis_prefix")
         return f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
     if name == "etcd":
-        pytest.importorskip("aetcd")
+        require_module("aetcd", extra="etcd")
         etcd_url: str = request.getfixturevalue("etcd_url")
         return f"{etcd_url}?prefix={request.getfixturevalue('etcd_prefix')}"
     if name == "mysql":
-        pytest.importorskip("asyncmy")
+        require_module("asyncmy", extra="mysql")
         mysql_url: str = request.getfixturevalue("mysql_url")
         table = request.getfixturevalue("mysql_table")
         return f"{mysql_url}{'&' if '?' in mysql_url else '?'}table={table}"

@@ -14,15 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import PostgresServer
+from servers import PostgresServer, require_module
 
 import leasekit
 import leasekit.sync
 from leasekit import InvalidLeaseArgument, LeaseBackendTimeout, LeaseBackendUnreachable
 from leasekit.backend import SyncBackendProvider, sync_factory
 
-pytest.importorskip("psycopg_pool")
-leasekit_postgres = pytest.importorskip("leasekit_postgres")
+require_module("psycopg_pool", extra="postgres")
+leasekit_postgres = require_module("leasekit_postgres", extra="postgres")
 
 LONG_TTL_MS = 60_000
 THREADS = 16

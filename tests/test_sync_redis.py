@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import RedisServer
+from servers import RedisServer, require_module
 
 import leasekit
 import leasekit.plugins
@@ -28,9 +28,10 @@ from leasekit import (
     LeaseProviderClosed,
 )
 from leasekit.backend import SupportsSyncProvider, SyncBackendProvider, sync_factory
+from leasekit.testing import FakeClock
 
-redis = pytest.importorskip("redis")
-leasekit_redis = pytest.importorskip("leasekit_redis")
+redis = require_module("redis", extra="redis")
+leasekit_redis = require_module("leasekit_redis", extra="redis")
 
 LONG_TTL_MS = 60_000
 THREADS = 16
@@ -177,14 +178,17 @@ def test_sync_and_async_providers_share_leases_and_wake_waiters(url: str) -> Non
         async with leasekit.connect(url) as provider:
             assert await provider.get_lease_owner("shared") == "sync-owner"
             assert not (await provider.acquire_lease("shared", "async", LONG_TTL_MS)).acquired
-            # The blocking release publishes on the lease's channel: the async waiter
-            # wakes long before its 60 s TTL would have let it in.
+            # The blocking release publishes on the lease's channel. The async waiter
+            # paces its polls and its periodic re-looks on a clock that never moves, so
+            # only that notification can wake it (30 s only bounds a failing run).
             waiting = asyncio.ensure_future(
-                leasekit.wait_for(provider, "shared", "async", LONG_TTL_MS, timeout_s=30)
+                leasekit.wait_for(
+                    provider, "shared", "async", LONG_TTL_MS, timeout_s=None, clock=FakeClock()
+                )
             )
             await asyncio.sleep(0.05)
             await asyncio.to_thread(leases.release_lease, "shared", "sync-owner")
-            result = await waiting
+            result = await asyncio.wait_for(waiting, 30)
             assert (result.acquired, result.owner) == (True, "async")
 
     with leasekit.sync.connect(url) as leases:

@@ -13,12 +13,17 @@ owner NX PX ttl`` to acquire and a Lua compare-and-delete (by ``EVALSHA``) to
 release, two round trips per cycle like leasekit's, but without fencing tokens,
 the holder on denial, timeouts or error translation. Peers need their package
 (``pip install 'leasekit[bench]'``); each is used the way its documentation shows,
-a lock object per acquisition.
+a lock object per acquisition. The handoff scenario (``--scenarios handoff``) measures
+redis-py's asyncio ``Lock(blocking=True)`` and python-redis-lock (BLPOP-based, in
+threads) waiting for a released lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -27,6 +32,7 @@ from leasekit.bench import (
     AsyncCycler,
     BenchTarget,
     Contender,
+    HandoffPeer,
     SchemeBench,
     SyncCycler,
     open_tooz,
@@ -244,6 +250,80 @@ def _open_tooz(target: BenchTarget) -> SyncCycler:
     return open_tooz(_tooz_url(target), target.namespace.encode())
 
 
+# -- the handoff scenario's peers: a waiter blocks on a held lock ---------------------------
+
+
+async def _handoff_redis_lock(target: BenchTarget, handoffs: int) -> list[float]:
+    """redis-py's asyncio ``Lock``: the waiter polls (its ``sleep``, 0.1 s) until released."""
+    client = _async_client(_settings(target))
+    ttl_s = target.ttl_ms / 1000
+    latencies: list[float] = []
+    try:
+        for index in range(handoffs):
+            name = f"{target.namespace}:redispy:{index}"
+            held = client.lock(name, timeout=ttl_s)
+            await held.acquire()
+            done = asyncio.get_running_loop().create_future()
+
+            async def wait(name: str = name, done: asyncio.Future[float] = done) -> None:
+                lock = client.lock(name, timeout=ttl_s)
+                await lock.acquire(blocking=True, blocking_timeout=ttl_s)
+                done.set_result(time.perf_counter())
+                await lock.release()
+
+            task = asyncio.ensure_future(wait())
+            await asyncio.sleep(0.02)  # the waiter is denied and waiting by then
+            t0 = time.perf_counter()
+            await held.release()
+            latencies.append((await done - t0) * 1000)
+            await task
+    finally:
+        await client.aclose()
+    return latencies
+
+
+def _handoff_python_redis_lock_sync(target: BenchTarget, handoffs: int) -> list[float]:
+    import redis_lock  # noqa: PLC0415
+
+    client = _single_server(_settings(target), "python-redis-lock")
+    expire = _ttl_s(target)
+    latencies: list[float] = []
+    try:
+        for index in range(handoffs):
+            name = f"{target.namespace}:prl:{index}"
+            held = redis_lock.Lock(client, name, expire=expire)
+            held.acquire()
+            got: list[float] = []
+            ready = threading.Event()
+
+            def wait(
+                name: str = name, got: list[float] = got, ready: threading.Event = ready
+            ) -> None:
+                lock = redis_lock.Lock(client, name, expire=expire)
+                ready.set()
+                lock.acquire(blocking=True, timeout=expire)
+                got.append(time.perf_counter())
+                lock.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            ready.wait()
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            held.release()
+            thread.join(60)
+            if got:
+                latencies.append((got[0] - t0) * 1000)
+    finally:
+        client.close()
+    return latencies
+
+
+async def _handoff_python_redis_lock(target: BenchTarget, handoffs: int) -> list[float]:
+    """python-redis-lock: the waiter blocks in BLPOP on the lock's signal list."""
+    return await asyncio.to_thread(_handoff_python_redis_lock_sync, target, handoffs)
+
+
 # -- around the run -------------------------------------------------------------------------
 
 
@@ -346,4 +426,18 @@ BENCH = SchemeBench(
     ),
     cleanup=_cleanup,
     describe_server=_describe_server,
+    handoff_peers=(
+        HandoffPeer(
+            "redis-py asyncio Lock(blocking=True)",
+            _handoff_redis_lock,
+            requires=("redis",),
+            install="pip install redis",
+        ),
+        HandoffPeer(
+            "python-redis-lock (BLPOP)",
+            _handoff_python_redis_lock,
+            requires=("redis_lock",),
+            install="pip install python-redis-lock",
+        ),
+    ),
 )

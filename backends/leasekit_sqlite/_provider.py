@@ -146,6 +146,8 @@ class SQLiteLeaseProvider(BackendProvider):
     """
 
     backend: ClassVar[str] = _BACKEND
+    # What a command that only reads passes to from_url (leasekit owner, inspect).
+    read_only_options: ClassVar[dict[str, object]] = {"create": False}
     # sqlite3 runs in a thread of the provider's own: no connection belongs to a loop.
     _loop_bound: ClassVar[bool] = False
     capabilities: Capabilities = Capabilities(

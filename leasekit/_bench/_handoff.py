@@ -11,23 +11,27 @@ hidden (today's polling), side by side in one run:
   they send to the store per second (counted at the provider boundary: every
   operation is one request).
 
-On Redis the peers are redis-py's asyncio ``Lock(blocking=True)`` and
-python-redis-lock (BLPOP-based, sync, run in threads) when installed.
+The peer libraries measured beside leasekit are the URL scheme's
+:attr:`~leasekit.bench.SchemeBench.handoff_peers`, from its bench plugin, when
+installed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import connect, wait_for
 from .._capabilities import capabilities_of
 from .._contract import LeaseResult
+from .._registry import scheme_of
 from ..backend import redact_url
+from ._model import DEFAULT_TTL_MS, BenchTarget
+from ._schemes import scheme_bench
 
 __all__ = ["HandoffReport", "run_handoff"]
 
@@ -163,76 +167,6 @@ async def _leasekit_measure(
     return measure
 
 
-async def _redis_lock_measure(url: str, handoffs: int) -> Measure | None:
-    try:
-        import redis.asyncio  # noqa: PLC0415 (only for redis:// URLs)
-    except ImportError:
-        return None
-    measure = Measure("redis-py asyncio Lock(blocking=True)")
-    client = redis.asyncio.Redis.from_url(url.partition("?")[0])
-    try:
-        for index in range(handoffs):
-            name = f"leasekit-bench-handoff:redispy:{time.time_ns()}:{index}"
-            held = client.lock(name, timeout=30)
-            await held.acquire()
-            done = asyncio.get_running_loop().create_future()
-
-            async def wait(name: str = name, done: asyncio.Future[float] = done) -> None:
-                lock = client.lock(name, timeout=30)
-                await lock.acquire(blocking=True, blocking_timeout=30)
-                done.set_result(time.perf_counter())
-                await lock.release()
-
-            task = asyncio.ensure_future(wait())
-            await asyncio.sleep(0.02)
-            t0 = time.perf_counter()
-            await held.release()
-            measure.handoff_ms.append((await done - t0) * 1000)
-            await task
-    finally:
-        await client.aclose()
-    return measure
-
-
-def _python_redis_lock_measure(url: str, handoffs: int) -> Measure | None:
-    try:
-        import redis  # noqa: PLC0415
-        import redis_lock  # noqa: PLC0415
-    except ImportError:
-        return None
-    measure = Measure("python-redis-lock (BLPOP)")
-    client = redis.Redis.from_url(url.partition("?")[0])
-    try:
-        for index in range(handoffs):
-            name = f"leasekit-bench-handoff:prl:{time.time_ns()}:{index}"
-            held = redis_lock.Lock(client, name, expire=30)
-            held.acquire()
-            got: list[float] = []
-            ready = threading.Event()
-
-            def wait(
-                name: str = name, got: list[float] = got, ready: threading.Event = ready
-            ) -> None:
-                lock = redis_lock.Lock(client, name, expire=30)
-                ready.set()
-                lock.acquire(blocking=True, timeout=30)
-                got.append(time.perf_counter())
-                lock.release()
-
-            thread = threading.Thread(target=wait)
-            thread.start()
-            ready.wait()
-            time.sleep(0.02)
-            t0 = time.perf_counter()
-            held.release()
-            thread.join(60)
-            if got:
-                measure.handoff_ms.append((got[0] - t0) * 1000)
-    finally:
-        client.close()
-    return measure
-
-
 async def _measure_all(
     url: str, handoffs: int, takeovers: int, load_s: float, peers: bool
 ) -> list[Measure]:
@@ -242,13 +176,16 @@ async def _measure_all(
         )
         for flag in (True, False)
     ]
-    if peers and url.startswith(("redis://", "rediss://")):
-        peer = await _redis_lock_measure(url, handoffs)
-        if peer is not None:
-            measures.append(peer)
-        other = await asyncio.to_thread(_python_redis_lock_measure, url, handoffs)
-        if other is not None:
-            measures.append(other)
+    if peers:
+        # The scheme's bench plugin owns its peers, as it owns the cycle benchmark's.
+        target = BenchTarget(url, DEFAULT_TTL_MS, f"leasekit-bench-handoff-{uuid.uuid4().hex[:12]}")
+        measures.extend(
+            [
+                Measure(peer.label, await peer.measure(target, handoffs))
+                for peer in scheme_bench(scheme_of(url)).handoff_peers
+                if not peer.missing()
+            ]
+        )
     return measures
 
 

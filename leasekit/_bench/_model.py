@@ -23,6 +23,7 @@ __all__ = [
     "BenchTarget",
     "Contender",
     "ContenderResult",
+    "HandoffPeer",
     "Role",
     "Scenario",
     "SchemeBench",
@@ -140,17 +141,42 @@ class Contender:
 
 
 @dataclass(frozen=True, slots=True)
+class HandoffPeer:
+    """A peer lock library in the handoff benchmark: how soon its waiter gets a released key.
+
+    ``measure(target, handoffs)`` runs ``handoffs`` rounds of: a holder takes a lock
+    on a key containing ``target.namespace``, a waiter blocks on it the library's own
+    way, the holder releases at t0 and the waiter holds the lock at t1 (then releases
+    it); it returns t1 - t0 of each round, in milliseconds. A blocking library runs
+    in a thread (:func:`asyncio.to_thread`). ``requires`` and ``install`` are as for
+    :class:`Contender`: a peer with a missing module is left out of the report.
+    """
+
+    label: str
+    measure: Callable[[BenchTarget, int], Coroutine[Any, Any, list[float]]]
+    requires: tuple[str, ...] = ()
+    install: str = ""
+
+    def missing(self) -> list[str]:
+        """The required modules that are not installed."""
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+
+
+@dataclass(frozen=True, slots=True)
 class SchemeBench:
     """What a URL scheme adds to the benchmark beyond leasekit itself.
 
     ``contenders``: its raw-driver floor (role ``"floor"``, at most one) and peers.
     ``cleanup`` deletes what the run wrote (every name containing the target's
     namespace); ``describe_server`` names the server and its version for the report.
+    ``handoff_peers``: the peer libraries the handoff scenario measures beside
+    leasekit's notifications and polling.
     """
 
     contenders: tuple[Contender, ...] = ()
     cleanup: Callable[[BenchTarget], Coroutine[Any, Any, None]] | None = None
     describe_server: Callable[[BenchTarget], Coroutine[Any, Any, str | None]] | None = None
+    handoff_peers: tuple[HandoffPeer, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [contender.id for contender in self.contenders]
