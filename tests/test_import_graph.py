@@ -44,7 +44,6 @@ KNOWN_LONG_MODULES: list[str] = [
     "backends/leasekit_mysql/_provider.py",
     "backends/leasekit_sqlite/_provider.py",
     "leasekit/_bench/_runner.py",
-    "leasekit/_cli.py",
 ]
 
 
