@@ -44,12 +44,12 @@ def unused() -> _sql.Statements:
     raise AssertionError("an operation with bad input must not start")
 
 
-def run(op: Operation[_ops.Statement, _T], replies: list[Any]) -> tuple[_T, list[_ops.Statement]]:
+def run(op: Operation[_ops.Request, _T], replies: list[Any]) -> tuple[_T, list[_ops.Statement]]:
     """Drive ``op`` with ``replies`` in order (an exception is raised by the exchange)."""
     sent: list[_ops.Statement] = []
 
-    def exchange(statement: _ops.Statement) -> Any:
-        sent.append(statement)
+    def exchange(request: _ops.Request) -> Any:
+        sent.append(_ops.Statement(*request))
         reply = replies.pop(0)
         if isinstance(reply, BaseException):
             raise reply

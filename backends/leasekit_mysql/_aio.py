@@ -11,7 +11,7 @@ the provider's (``BackendProvider._call``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import asyncmy
@@ -23,10 +23,10 @@ from asyncmy.pool import Pool
 from leasekit import LeaseProviderClosed
 from leasekit.backend import FifoGate, drive_async
 
-from ._ops import Op, Statement
+from ._ops import Op, Request
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
-__all__ = ["AioTransport", "pool_options"]
+__all__ = ["AioTransport", "pool_options", "run"]
 
 _T = TypeVar("_T")
 
@@ -56,13 +56,12 @@ class AioTransport:
         self._gate: FifoGate | None = None if pool is None else FifoGate(pool.maxsize)
         self._lock = asyncio.Lock()
 
-    async def run(self, operation: Op[_T]) -> _T:
+    def run(self, operation: Op[_T]) -> Coroutine[Any, Any, _T]:
         """Drive ``operation`` on one pooled connection (a fresh one after a lost one)."""
-        session = _Session(self, await self._checkout())
-        try:
-            return await drive_async(operation, session.exchange)
-        finally:
-            self._checkin(session.conn, healthy=session.healthy)
+        return run(self._itself, _nothing, operation)
+
+    def _itself(self) -> AioTransport:
+        return self
 
     async def _checkout(self) -> Connection:
         """A connection, for callers in arrival order (within the operation's deadline)."""
@@ -120,34 +119,69 @@ class AioTransport:
                 raise
 
 
+async def run(
+    transport: Callable[[], AioTransport | None],
+    ready: Callable[[], Awaitable[object]],
+    operation: Op[_T],
+) -> _T:
+    """Drive ``operation`` on a connection of ``transport()``, after ``await ready()`` if None.
+
+    Both are asked only when the call starts: a provider rebuilt in between (a new loop,
+    a fork) answers with its new transport, and makes its new schema ready first. The
+    connection is checked out at the first statement and given back when the operation
+    ends, however it ends.
+    """
+    current = transport()
+    if current is None:
+        await ready()
+        current = transport()
+        assert current is not None
+    session = _Session(current)
+    try:
+        return await drive_async(operation, session.exchange)
+    finally:
+        if session.placed:
+            current._checkin(session.conn, healthy=session.healthy)
+
+
 class _Session:
     """One operation's connection and cursor, and whether the connection is still sound."""
 
-    __slots__ = ("conn", "cursor", "healthy", "transport")
+    __slots__ = ("conn", "cursor", "healthy", "placed", "transport")
 
-    def __init__(self, transport: AioTransport, conn: Connection) -> None:
+    def __init__(self, transport: AioTransport) -> None:
         self.transport = transport
-        self.conn: Connection | None = conn
-        self.cursor: Cursor = conn.cursor()
+        self.conn: Connection | None = None
+        self.cursor: Cursor | None = None
         self.healthy = True
+        self.placed = False  # holds a place at the gate
 
-    async def exchange(self, statement: Statement) -> Any:
-        if not self.healthy:  # the last statement lost the connection: drop it
-            lost, self.conn = self.conn, None
-            self.transport._checkin(lost, healthy=False, keep_place=True)
-            self.conn = await self.transport._fresh()
-            self.cursor = self.conn.cursor()
-            self.healthy = True
+    async def _reconnect(self) -> Cursor:
+        """A cursor on a fresh connection in place of a lost one."""
+        lost, self.conn, transport = self.conn, None, self.transport
+        transport._checkin(lost, healthy=False, keep_place=True)
+        self.conn = await transport._fresh()
+        self.healthy = True
+        self.cursor = self.conn.cursor()
+        return self.cursor
+
+    async def exchange(self, request: Request) -> Any:
+        sql, params, reads = request
         cursor = self.cursor
+        if cursor is None:  # the operation's first statement
+            conn = self.conn = await self.transport._checkout()
+            self.placed = True
+            cursor = self.cursor = conn.cursor()
+        elif not self.healthy:
+            cursor = await self._reconnect()
         self.healthy = False  # until the server answers: cancelled, the state is unknown
         try:
-            count = await cursor.execute(statement.sql, statement.params)
+            count = await cursor.execute(sql, params)
         except driver_errors.MySQLError as exc:
             code = error_code(exc)
             self.healthy = code is not None and code < 2000 and code not in LOST
             raise
         self.healthy = True
-        reads = statement.reads
         if reads == "lastrowid":
             return cursor.lastrowid
         if reads == "row":
@@ -155,3 +189,7 @@ class _Session:
         if reads == "rows":
             return await cursor.fetchall()
         return count
+
+
+async def _nothing() -> None:
+    return None

@@ -27,7 +27,7 @@ import pymysql  # type: ignore[import-untyped]  # (no stubs)
 from leasekit import LeaseProviderClosed
 from leasekit.backend import drive
 
-from ._ops import Op, Statement
+from ._ops import Op, Request
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
 __all__ = ["BlockingTransport"]
@@ -142,7 +142,8 @@ class _Session:
         self.deadline = deadline
         self.healthy = True
 
-    def exchange(self, statement: Statement) -> Any:
+    def exchange(self, request: Request) -> Any:
+        sql, params, reads = request
         if not self.healthy:  # the last statement lost the connection
             self.conn = self.transport._replace(self.conn, self.deadline)
             self.healthy = True
@@ -156,8 +157,7 @@ class _Session:
         self.healthy = False  # until the server answers
         try:
             with conn.cursor() as cursor:
-                count = cursor.execute(statement.sql, statement.params)
-                reads = statement.reads
+                count = cursor.execute(sql, params)
                 if reads == "lastrowid":
                     reply = cursor.lastrowid
                 elif reads == "row":

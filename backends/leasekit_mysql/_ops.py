@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from leasekit import (
     LeaseBackendError,
@@ -54,7 +53,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 Reads: TypeAlias = Literal["rowcount", "lastrowid", "row", "rows"]
-Op: TypeAlias = Operation["Statement", _T]
+Request: TypeAlias = tuple[str, "Mapping[str, Any] | None", Reads]
+"""A :class:`Statement`, or on the hot path the plain tuple of its three fields."""
+Op: TypeAlias = Operation[Request, _T]
 Statements: TypeAlias = Callable[[], _sql.Statements]
 """Where an operation finds its table's statements when it runs (the schema is ready)."""
 
@@ -64,8 +65,7 @@ _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a 
 _log = logging.getLogger("leasekit.mysql")
 
 
-@dataclass(frozen=True, slots=True)
-class Statement:
+class Statement(NamedTuple):
     """One statement to run; its reply is what ``reads`` names.
 
     ``rowcount``: the affected rows (an ``int``); ``lastrowid``: the OK packet's
@@ -75,6 +75,8 @@ class Statement:
     sql: str
     params: Mapping[str, Any] | None = None
     reads: Reads = "rowcount"
+    # A tuple, not a dataclass: the contract's operations yield bare tuples of these
+    # three fields, which cost less to build (one per statement, on every call).
 
 
 class Schema:
@@ -101,26 +103,34 @@ class Schema:
         return LeaseBackendError(f"table {self.table} {problem}", backend=BACKEND)
 
 
-def _retrying(body: Callable[[], Op[_T]], *, idempotent: bool = True) -> Op[_T]:
-    """``body()``, run again after a deadlock, or once more after a lost connection.
+def _retrying(body: Callable[..., Op[_T]], *args: Any, idempotent: bool = True) -> Op[_T]:
+    """``body(*args)``, run again after a deadlock, or once more after a lost connection.
 
     Not after a lost connection that was a timeout (the deadline has passed), and not
     for an operation that is not ``idempotent`` (a transfer that ran before the
     connection died would report False the second time). The transport sends the
     next statement after a lost connection on a fresh one.
     """
-    for attempt in range(1, _ATTEMPTS + 1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
-            return (yield from body())
-        except Exception as exc:  # noqa: PERF203 (a retry is rare; the loop is its only way)
-            code = error_code(exc)
-            lost = code in LOST and not isinstance(exc.__context__, TimeoutError)
-            if not (code == DEADLOCK or (lost and idempotent and attempt == 1)):
-                raise
-            if attempt == _ATTEMPTS:
-                raise
-            _log.info("retrying after %s", exc)
-    raise AssertionError("unreachable")  # pragma: no cover
+            return (yield from body(*args))
+        except Exception as exc:  # noqa: BLE001 (re-raised unless retried)
+            _retry_or_raise(exc, attempt, idempotent=idempotent)
+
+
+def _retry_or_raise(exc: Exception, attempt: int, *, idempotent: bool) -> None:
+    """Return if the operation that raised ``exc`` at ``attempt`` runs again; else raise it.
+
+    The one retry policy. The contract's operations apply it themselves, in their own
+    loop (one generator per call on the hot path); the others through :func:`_retrying`.
+    """
+    code = error_code(exc)
+    lost = code in LOST and not isinstance(exc.__context__, TimeoutError)
+    if attempt >= _ATTEMPTS or not (code == DEADLOCK or (lost and idempotent and attempt == 1)):
+        raise exc
+    _log.info("retrying after %s", exc)
 
 
 # -- the schema ---------------------------------------------------------------------------
@@ -128,7 +138,7 @@ def _retrying(body: Callable[[], Op[_T]], *, idempotent: bool = True) -> Op[_T]:
 
 def ready(schema: Schema) -> Op[_sql.Statements]:
     """Read the table's meta (creating the schema if allowed); records the statements."""
-    return _retrying(lambda: _read_schema(schema))
+    return _retrying(_read_schema, schema)
 
 
 def _read_schema(schema: Schema) -> Op[_sql.Statements]:
@@ -193,37 +203,59 @@ def acquire(sql: Statements, key: str, owner: str, ttl_ms: int) -> Op[LeaseResul
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
-    return _retrying(lambda: _acquire(sql, owner, params))
+    return _acquire(sql, owner, params)
 
 
 def _acquire(sql: Statements, owner: str, params: dict[str, Any]) -> Op[LeaseResult]:
-    s = sql()
-    for _ in range(_DENIED_RETRIES):
-        token = yield Statement(s.acquire, params, "lastrowid")
-        if token:
-            return LeaseResult(True, owner, int(token))
-        row = yield Statement(s.owner, params, "row")
-        if row is not None and bytes(row[0]) != params["owner"]:
-            return LeaseResult(False, bytes(row[0]).decode(), None)
-        # Released, expired or handed to us since it denied us: acquire again.
-    return LeaseResult(False, None, None)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            s = sql()
+            for _ in range(_DENIED_RETRIES):
+                token = yield (s.acquire, params, "lastrowid")
+                if token:
+                    return LeaseResult(True, owner, int(token))
+                row = yield (s.owner, params, "row")
+                if row is not None and bytes(row[0]) != params["owner"]:
+                    return LeaseResult(False, bytes(row[0]).decode(), None)
+                # Released, expired or handed to us since it denied us: acquire again.
+            return LeaseResult(False, None, None)
+        except Exception as exc:  # noqa: BLE001 (re-raised unless retried)
+            _retry_or_raise(exc, attempt, idempotent=True)
 
 
 def owner(sql: Statements, key: str) -> Op[str | None]:
     """The live holder of ``key``, or None."""
     validate_key(key)
-    params = {"key": key.encode()}
-
-    def body() -> Op[str | None]:
-        row = yield Statement(sql().owner, params, "row")
-        return None if row is None else bytes(row[0]).decode()
-
-    return _retrying(body)
+    return _one(sql, "owner", {"key": key.encode()}, "row", _holder)
 
 
-def _count(sql: Statements, name: str, params: Mapping[str, Any] | None) -> Op[int]:
-    """The row count of statement ``name``."""
-    return int((yield Statement(getattr(sql(), name), params)))
+def _one(
+    sql: Statements,
+    name: str,
+    params: Mapping[str, Any],
+    reads: Reads,
+    read: Callable[[Any], _T],
+    *,
+    idempotent: bool = True,
+) -> Op[_T]:
+    """Statement ``name``, its reply through ``read``; retried as :func:`_retrying` does."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return read((yield (getattr(sql(), name), params, reads)))
+        except Exception as exc:  # noqa: BLE001 (re-raised unless retried)
+            _retry_or_raise(exc, attempt, idempotent=idempotent)
+
+
+def _holder(row: Any) -> str | None:
+    return None if row is None else bytes(row[0]).decode()
+
+
+def _changed(count: int) -> bool:
+    return count == 1
 
 
 def release(sql: Statements, key: str, owner: str) -> Op[int]:
@@ -231,7 +263,7 @@ def release(sql: Statements, key: str, owner: str) -> Op[int]:
     validate_key(key)
     validate_owner(owner)
     params = {"key": key.encode(), "owner": owner.encode()}
-    return _retrying(lambda: _count(sql, "release", params))
+    return _one(sql, "release", params, "rowcount", int)
 
 
 def release_grant(sql: Statements, key: str, owner: str, token: int) -> Op[int]:
@@ -239,7 +271,7 @@ def release_grant(sql: Statements, key: str, owner: str, token: int) -> Op[int]:
     validate_key(key)
     validate_owner(owner)
     params = {"key": key.encode(), "owner": owner.encode(), "token": token}
-    return _retrying(lambda: _count(sql, "release_grant", params))
+    return _one(sql, "release_grant", params, "rowcount", int)
 
 
 def renew(sql: Statements, key: str, owner: str, ttl_ms: int) -> Op[bool]:
@@ -248,11 +280,7 @@ def renew(sql: Statements, key: str, owner: str, ttl_ms: int) -> Op[bool]:
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
-
-    def body() -> Op[bool]:
-        return (yield from _count(sql, "renew", params)) == 1
-
-    return _retrying(body)
+    return _one(sql, "renew", params, "rowcount", _changed)
 
 
 def transfer(sql: Statements, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[bool]:
@@ -267,11 +295,7 @@ def transfer(sql: Statements, key: str, from_owner: str, to_owner: str, ttl_ms: 
     validate_ttl_ms(ttl_ms)
     params = {"key": key.encode(), "from_owner": from_owner.encode(), "ttl_us": ttl_ms * 1000}
     params["to_owner"] = to_owner.encode()
-
-    def body() -> Op[bool]:
-        return (yield from _count(sql, "transfer", params)) == 1
-
-    return _retrying(body, idempotent=False)
+    return _one(sql, "transfer", params, "rowcount", _changed, idempotent=False)
 
 
 # -- beyond the contract ------------------------------------------------------------------

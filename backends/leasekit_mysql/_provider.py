@@ -21,7 +21,7 @@ from asyncmy.pool import Pool
 from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseProviderClosed, LeaseResult
 from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider
 
-from . import _ops, _options, _sql
+from . import _aio, _ops, _options, _sql
 from ._aio import AioTransport, pool_options
 from ._blocking import BlockingTransport
 from ._options import BACKEND, CAPABILITIES, ERRORS
@@ -117,17 +117,17 @@ class MySQLLeaseProvider(BackendProvider):
         self, op: _ops.Op[_T], key: str | None = None, grant: str | None = None
     ) -> Awaitable[_T]:
         """One bounded call (the toolkit's deadline) of ``op``."""
-        return self._call(self._send(op), key, grant)
+        return self._call(_aio.run(self._ready_transport, self._connect, op), key, grant)
 
-    async def _send(self, op: _ops.Op[_T]) -> _T:
-        # Reads its state only now, inside _call: a provider rebuilt there (a new loop,
-        # a fork) has new state.
-        if self._schema.sql is None:
-            await self._connect()
-        return await self._transport.run(op)
+    def _ready_transport(self) -> AioTransport | None:
+        # Asked inside _call: a provider rebuilt there (a new loop, a fork) answers with
+        # its new state; None until its schema is ready.
+        return None if self._schema.sql is None else self._transport
 
     def _statements(self) -> _sql.Statements:
-        return self._schema.statements()
+        statements = self._schema.sql
+        assert statements is not None  # the schema was made ready first
+        return statements
 
     async def _write(self, op: _ops.Op[_T], key: str, grant: str | None = None) -> _T:
         if grant is not None and self._undos:
@@ -270,7 +270,9 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
         return self._transport.run(op, deadline)
 
     def _statements(self) -> _sql.Statements:
-        return self._schema.statements()
+        statements = self._schema.sql
+        assert statements is not None  # the schema was made ready first
+        return statements
 
     def _ready(self, deadline: float) -> None:
         with self._ready_lock:
