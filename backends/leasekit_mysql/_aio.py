@@ -1,6 +1,6 @@
 """The asyncio transport: asyncmy's pool, in arrival order, running one operation at a time.
 
-Only I/O: :meth:`AioTransport.run` checks a connection out (behind a
+Only I/O: :func:`run` checks a connection out (behind a
 :class:`~leasekit.backend.FifoGate`), drives an ``_ops`` operation on it with
 :func:`~leasekit.backend.drive_async`, and gives the connection back (or drops it, if
 a statement failed on the client's side: lost, cancelled). After a lost connection
