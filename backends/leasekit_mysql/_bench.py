@@ -28,18 +28,16 @@ __all__ = ["BENCH"]
 
 
 def _pool_options(target: BenchTarget) -> dict[str, Any]:
-    from ._provider import MySQLLeaseProvider  # noqa: PLC0415 (drivers load only when used)
+    from ._aio import pool_options  # noqa: PLC0415 (drivers load only when used)
+    from ._options import url_settings  # noqa: PLC0415
 
-    provider = MySQLLeaseProvider.from_url(target.url)
-    return dict(provider._pool_options)  # the same pool leasekit would build
+    return pool_options(url_settings(target.url, {}))  # the same pool leasekit would build
 
 
 def _database(target: BenchTarget) -> str | None:
-    from ._provider import MySQLLeaseProvider  # noqa: PLC0415
+    from ._options import url_settings  # noqa: PLC0415
 
-    table = MySQLLeaseProvider.from_url(target.url).table
-    database = table.rpartition(".")[0]
-    return database or None
+    return url_settings(target.url, {}).table.database
 
 
 def _floor_table(target: BenchTarget) -> Any:

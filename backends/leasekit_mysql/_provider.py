@@ -1,118 +1,38 @@
-"""``MySQLLeaseProvider``: leases in one MySQL or MariaDB table, one statement per operation.
+"""The MySQL providers, async and blocking: lifecycle only.
 
-Built on :mod:`leasekit.backend`: the toolkit's :class:`~leasekit.backend.BackendProvider`
-carries the lifecycle, the deadline of every call and the error path; this module holds
-the driver plumbing (asyncmy's pool, retries on a lost connection or a deadlock) and
-the reading of replies. The statements and why they are atomic are in ``_sql``.
+Both run the operations of ``_ops`` (statements in ``_sql``), parse their options with
+``_options`` and map errors with its table; :class:`MySQLLeaseProvider` sends them
+through asyncmy (``_aio``) inside :class:`~leasekit.backend.BackendProvider`'s bounded
+calls, :class:`MySQLSyncLeaseProvider` through PyMySQL (``_blocking``) inside
+:class:`~leasekit.backend.SyncBackendProvider`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
-from collections.abc import Awaitable, Callable, Mapping
+import threading
+import time
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeAlias, TypeVar
 
-import asyncmy
-from asyncmy import errors as driver_errors
-from asyncmy.connection import Connection
-from asyncmy.cursors import Cursor
 from asyncmy.pool import Pool
 
-from leasekit import (
-    Capabilities,
-    InvalidLeaseArgument,
-    LeaseBackendError,
-    LeaseBackendTimeout,
-    LeaseBackendUnreachable,
-    LeaseProviderClosed,
-    LeaseResult,
-    validate_key,
-    validate_owner,
-    validate_ttl_ms,
-)
-from leasekit.backend import (
-    BackendProvider,
-    Endpoint,
-    ErrorMap,
-    FifoGate,
-    LeaseRecord,
-    Option,
-    OptionSet,
-    parse_url,
-    timeout_option,
-)
+from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseProviderClosed, LeaseResult
+from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider
 
-from . import _sql
+from . import _aio, _ops, _options, _sql
+from ._aio import AioTransport, pool_options
+from ._blocking import BlockingTransport
+from ._options import BACKEND, CAPABILITIES, ERRORS
 
-__all__ = ["MySQLClient", "MySQLLeaseProvider"]
+__all__ = ["MySQLClient", "MySQLLeaseProvider", "MySQLSyncLeaseProvider"]
 
 MySQLClient: TypeAlias = Pool
-"""What the provider runs on: an asyncmy pool (of autocommit connections)."""
+"""What the async provider runs on: an asyncmy pool (of autocommit connections)."""
 
 _T = TypeVar("_T")
-_Operation: TypeAlias = Callable[[Cursor], Awaitable[_T]]
-
-_SCHEMES = ("mysql", "mariadb")
-# [database.]table; 48 characters leave room for "_token_seq" within MySQL's 64.
-_TABLE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.)?[A-Za-z_][A-Za-z0-9_]{0,47}")
-_DENIED_RETRIES = 3
-_ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a fresh one
-
-# Driver error numbers (errno < 2000 come from the server, 2000 and up from the client).
-_DEADLOCK = 1213
-_NO_SUCH_TABLE = 1146
-_LOST = frozenset({2006, 2013, 2055, 4031})  # gone away, lost during query, killed idle
-_BY_CODE: dict[int, type[LeaseBackendError]] = {
-    **dict.fromkeys((1040, 1044, 1045, 1049, 2003, 2005, 2026), LeaseBackendUnreachable),
-    **dict.fromkeys((1205, 1969, 3024), LeaseBackendTimeout),  # lock wait, statement time
-}
-
 _log = logging.getLogger("leasekit.mysql")
-
-
-def _check_table(table: str) -> str:
-    if not _TABLE.fullmatch(table):
-        rule = "must be [database.]table of letters, digits and _ (a table of at most 48)"
-        raise InvalidLeaseArgument.for_argument("table", f"{rule}, got {table!r}", table)
-    return table
-
-
-def _check_tokens(tokens: str) -> str:
-    if tokens != "auto" and tokens not in _sql.TOKEN_SOURCES:
-        rule = f"must be auto, sequence or clock, got {tokens!r}"
-        raise InvalidLeaseArgument.for_argument("tokens", rule, tokens)
-    return tokens
-
-
-_PROVIDER_OPTIONS = OptionSet(
-    "mysql",
-    [
-        Option("table", str, _sql.DEFAULT_TABLE, check=_check_table),
-        timeout_option(),
-        Option("create_schema", bool, True),
-        Option("tokens", str, "auto", check=_check_tokens),
-        Option("sweep_every", int, 100, minimum=0),
-        Option("sweep_batch", int, 1000, minimum=1),
-        Option("sweep_grace_s", float, 600.0, above=0),
-    ],
-)
-_URL_OPTIONS = OptionSet(
-    "mysql",
-    [
-        *_PROVIDER_OPTIONS.options.values(),
-        Option("pool_min_size", int, 1, minimum=0),
-        Option("pool_max_size", int, 10, minimum=1),
-        Option("charset", str, "utf8mb4"),
-    ],
-)
-
-
-def _code(exc: BaseException) -> int | None:
-    code = exc.args[0] if exc.args else None
-    return code if isinstance(code, int) else None
 
 
 class MySQLLeaseProvider(BackendProvider):
@@ -135,16 +55,9 @@ class MySQLLeaseProvider(BackendProvider):
       rows expired more than ``sweep_grace_s`` ago (default 600, > ``timeout_s``).
     """
 
-    backend = "mysql"
-    capabilities = Capabilities(
-        atomic_transfer=True,
-        fencing=True,
-        server_clock=True,  # microsecond resolution: ttl_resolution_ms=1, the default
-        shared_across_processes=True,
-        shared_across_hosts=True,
-        persistent=True,
-    )
-    errors = ErrorMap({driver_errors.MySQLError: LeaseBackendError}, backend="mysql")
+    backend = BACKEND
+    capabilities = CAPABILITIES
+    errors = ERRORS
 
     def __init__(
         self,
@@ -154,10 +67,7 @@ class MySQLLeaseProvider(BackendProvider):
         close_client: bool = False,
         **options: Any,
     ) -> None:
-        values = _PROVIDER_OPTIONS.parse(overrides=options).values
-        if values["sweep_grace_s"] <= values["timeout_s"]:
-            rule = "must be longer than timeout_s: fencing tokens need every statement done"
-            raise InvalidLeaseArgument.for_argument("sweep_grace_s", rule, values["sweep_grace_s"])
+        settings = _options.settings(options, connect=pool_options)
         if not isinstance(client, Pool) if pool_options is None else client is not None:
             kind = f"{type(client).__module__}.{type(client).__qualname__}"
             rule = f"must be an asyncmy.pool.Pool (or None with pool_options), got {kind}"
@@ -165,32 +75,22 @@ class MySQLLeaseProvider(BackendProvider):
         if client is not None and client.maxsize < 1:
             rule = "must allow at least one connection, got a pool of maxsize 0"
             raise InvalidLeaseArgument.for_argument("client", rule)
-        super().__init__(timeout_s=values["timeout_s"], owns_client=client is None or close_client)
-        self._pool: Pool | None = client
-        self._pool_options = dict(pool_options or {})
-        # asyncmy hands a freed connection to whoever asks next, and a task that checks
-        # one in and at once out again asks before any waiter wakes: waiters starve for
-        # all of timeout_s. Only a holder of the gate (the pool's size) asks the pool.
-        self._gate: FifoGate | None = None if client is None else FifoGate(client.maxsize)
-        name = values["table"].split(".")
-        self._table = _sql.TableName(*name) if len(name) == 2 else _sql.TableName(None, name[0])
-        self.table = str(self._table)
-        self.create_schema: bool = values["create_schema"]
-        self.tokens: str = values["tokens"]
-        self.sweep_every: int = values["sweep_every"]
-        self.sweep_batch: int = values["sweep_batch"]
-        self.sweep_grace_s: float = values["sweep_grace_s"]
-        self._ddl = _sql.Statements(self._table, _sql.TOKENS_SEQUENCE)
-        self._sql: _sql.Statements | None = None  # set once the schema is known
+        super().__init__(timeout_s=settings.timeout_s, owns_client=client is None or close_client)
+        self._settings = settings
+        self._transport = AioTransport(client, pool_options)
+        self._schema = _ops.Schema(settings)
+        self.table = str(settings.table)
+        self.create_schema, self.tokens = settings.create_schema, settings.tokens
+        self.sweep_every, self.sweep_batch = settings.sweep_every, settings.sweep_batch
+        self.sweep_grace_s = settings.sweep_grace_s
         self._ready_lock = asyncio.Lock()
-        self._pool_lock = asyncio.Lock()
         self._writes = 0
         self._sweeping = False
 
     @property
     def client(self) -> MySQLClient | None:
         """The pool the provider runs on (None before its own pool exists)."""
-        return self._pool
+        return self._transport.pool
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MySQLLeaseProvider:
@@ -201,195 +101,38 @@ class MySQLLeaseProvider(BackendProvider):
         ``pool_max_size`` (10) and ``charset`` (``utf8mb4``). Anything unknown is an
         :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
         """
-        parsed = parse_url(url, schemes=_SCHEMES, default_port=3306)
-        if len(parsed.endpoints) > 1:
-            rule = f"takes one host, got {len(parsed.endpoints)} ({parsed.redacted!r})"
-            raise InvalidLeaseArgument.for_argument("url", rule)
-        values = _URL_OPTIONS.parse(parsed.query, options, url=url).values
-        endpoint = parsed.endpoints[0] if parsed.endpoints else Endpoint("127.0.0.1", 3306)
-        timeout_s = values["timeout_s"]
-        pool_options = {
-            "host": endpoint.host,
-            "port": endpoint.port or 3306,
-            "user": parsed.username or "root",
-            "password": parsed.password or "",
-            "database": parsed.path.strip("/") or None,
-            "charset": values.pop("charset"),
-            "autocommit": True,
-            "minsize": values.pop("pool_min_size"),
-            "maxsize": values.pop("pool_max_size"),
-            "connect_timeout": max(1, math.ceil(timeout_s)),
-            # A statement waiting on a row lock gives up on the server soon after the
-            # client has: whole seconds, the only unit both servers take.
-            "init_command": f"SET SESSION innodb_lock_wait_timeout = {math.ceil(timeout_s)}",
-        }
-        if pool_options["maxsize"] < pool_options["minsize"]:
-            rule = "must be at least pool_min_size"
-            raise InvalidLeaseArgument.for_argument("pool_max_size", rule, pool_options["maxsize"])
-        return cls(pool_options=pool_options, **values)
+        settings = _options.url_settings(url, options)
+        return cls(pool_options=pool_options(settings), **settings.options())
 
-    # -- connections: check out, run, retry, check in ----------------------------------
+    @classmethod
+    def sync_from_url(cls, url: str, **options: Any) -> MySQLSyncLeaseProvider:
+        """The blocking provider :func:`leasekit.sync.connect` uses for this URL.
 
-    async def _run(
-        self,
-        op: _Operation[_T],
-        key: str | None = None,
-        *,
-        idempotent: bool = True,
-        grant: str | None = None,
-    ) -> _T:
-        """One bounded call (the toolkit's deadline) of ``op`` on a ready connection."""
-        return await self._call(self._use(op, key, idempotent=idempotent), key, grant)
+        The same URL, options and errors as :meth:`from_url`, on PyMySQL; see
+        :class:`~leasekit_mysql.MySQLSyncLeaseProvider`.
+        """
+        return MySQLSyncLeaseProvider.from_url(url, **options)
 
-    async def _use(
-        self, op: _Operation[_T], key: str | None, *, idempotent: bool = True, ready: bool = True
-    ) -> _T:
-        """Run ``op`` on a cursor; retried after a deadlock, or a lost connection once."""
-        if ready:
-            await self._ensure_ready()
-        for attempt in range(1, _ATTEMPTS + 1):
-            conn: Connection | None = None
-            healthy = False
-            try:
-                conn = await self._checkout()
-                async with conn.cursor() as cursor:
-                    result = await op(cursor)
-                healthy = True
-                return result
-            except driver_errors.MySQLError as exc:
-                code = _code(exc)
-                healthy = code is not None and code < 2000  # the server answered
-                retry = code == _DEADLOCK or (code in _LOST and idempotent and attempt == 1)
-                if not retry or attempt == _ATTEMPTS:
-                    raise self._translate(exc, key) from exc
-                _log.info("retrying after %s", exc)
-                if code in _LOST and self._pool is not None:
-                    await self._pool.clear()  # its idle siblings are likely dead too
-            finally:
-                if conn is not None:
-                    self._checkin(conn, healthy=healthy)
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _run(
+        self, op: _ops.Op[_T], key: str | None = None, grant: str | None = None
+    ) -> Awaitable[_T]:
+        """One bounded call (the toolkit's deadline) of ``op``."""
+        return self._call(_aio.run(self._ready_transport, self._connect, op), key, grant)
 
-    async def _checkout(self) -> Connection:
-        """A connection, for callers in arrival order (within the operation's deadline)."""
-        pool, gate = self._pool, self._gate
-        if pool is None or gate is None:
-            pool, gate = await self._open_pool()
-        if not gate.try_acquire():
-            await gate.acquire()
-        try:
-            return await pool.acquire()
-        except RuntimeError:  # "Cannot acquire connection after closing pool"
-            gate.release()
-            raise LeaseProviderClosed(backend=self.backend) from None
-        except BaseException:
-            gate.release()
-            raise
+    def _ready_transport(self) -> AioTransport | None:
+        # Asked inside _call: a provider rebuilt there (a new loop, a fork) answers with
+        # its new state; None until its schema is ready.
+        return None if self._schema.sql is None else self._transport
 
-    async def _open_pool(self) -> tuple[Pool, FifoGate]:
-        async with self._pool_lock:
-            if self._pool is None:
-                self._pool = await asyncmy.create_pool(**self._pool_options)
-            if self._gate is None:
-                self._gate = FifoGate(self._pool.maxsize)
-            return self._pool, self._gate
+    def _statements(self) -> _sql.Statements:
+        statements = self._schema.sql
+        assert statements is not None  # the schema was made ready first
+        return statements
 
-    def _checkin(self, conn: Connection, *, healthy: bool) -> None:
-        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter."""
-        try:
-            if not healthy:
-                conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
-            if self._pool is not None:
-                self._pool.release(conn)  # a closed connection leaves the pool here
-        finally:
-            if self._gate is not None:
-                self._gate.release()
-
-    def _translate(self, exc: driver_errors.MySQLError, key: str | None) -> LeaseBackendError:
-        """The driver's error as leasekit's, classified by its error number."""
-        error = self.errors.translate(exc, key=key, where=self._where())
-        kind = _BY_CODE.get(_code(exc) or 0)
-        return error if kind is None else kind(str(error), backend=self.backend, key=key)
-
-    async def _ensure_ready(self) -> None:
-        """Once per provider: read the table's meta (creating the schema if allowed)."""
-        if self._sql is not None:
-            return
-        async with self._ready_lock:
-            if self._sql is None:
-                self._sql = await self._use(self._read_schema, None, ready=False)
-
-    async def _read_schema(self, cursor: Cursor) -> _sql.Statements:
-        try:
-            await cursor.execute(self._ddl.meta)
-        except driver_errors.ProgrammingError as exc:
-            if _code(exc) != _NO_SUCH_TABLE:
-                raise
-            if not self.create_schema:
-                fix = "run `leasekit migrate URL` as a user that may create it"
-                raise self._schema_error(f"is missing (create_schema is off); {fix}") from None
-            await self._migrate_on(cursor)
-            await cursor.execute(self._ddl.meta)
-        meta = {str(name): int(value) for name, value in await cursor.fetchall()}
-        version, tokens = meta.get("schema_version", 0), meta.get("tokens", 0)
-        if version > _sql.SCHEMA_VERSION:
-            raise self._schema_error(f"has schema version {version}; upgrade leasekit")
-        wanted = _sql.TOKEN_SOURCES.get(self.tokens)
-        if tokens not in _sql.TOKEN_SOURCES.values() or wanted not in (None, tokens):
-            raise self._schema_error(f"keeps the token source it was created with ({tokens})")
-        return _sql.Statements(self._table, tokens)
-
-    def _schema_error(self, problem: str) -> LeaseBackendError:
-        return LeaseBackendError(f"table {self.table} {problem}", backend=self.backend)
-
-    async def _migrate_on(self, cursor: Cursor) -> None:
-        ddl = self._ddl
-        await cursor.execute(ddl.existing, ddl.names)
-        present = {str(name) for (name,) in await cursor.fetchall()}
-        tokens = _sql.TOKEN_SOURCES.get(self.tokens)
-        if tokens is None:
-            await cursor.execute("SELECT VERSION()")
-            row = await cursor.fetchone()
-            mariadb = row is not None and "mariadb" in str(row[0]).lower()
-            tokens = _sql.TOKENS_SEQUENCE if mariadb else _sql.TOKENS_CLOCK
-        # Only what is missing: IF NOT EXISTS on an existing object leaves a note, which
-        # the driver would fetch with SHOW WARNINGS (a round trip) and log.
-        if ddl.names["table"] not in present:
-            await cursor.execute(ddl.create_table)
-        if tokens == _sql.TOKENS_SEQUENCE and ddl.names["seq"] not in present:
-            await cursor.execute(ddl.create_sequence)
-        if ddl.names["meta"] not in present:
-            await cursor.execute(ddl.create_meta)
-        await cursor.execute(ddl.record_meta, {"tokens": tokens})
-
-    def _where(self) -> str:
-        options = self._pool_options  # a caller's client: its address is the caller's to say
-        server = f"server {options.get('host')}:{options.get('port')}, " if options else ""
-        return f" ({server}table {self.table})"
-
-    def _describe(self) -> str:
-        return f"table={self.table!r}"
-
-    async def _connect(self) -> None:
-        await self._use(_nothing, None)
-
-    async def _close_client(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            try:
-                await self._pool.wait_closed()
-            except BaseException:
-                self._pool.terminate()  # the server stopped answering: drop the sockets
-                raise
-
-    # -- the contract -------------------------------------------------------------------
-
-    async def _write(
-        self, op: _Operation[_T], key: str, *, idempotent: bool = True, grant: str | None = None
-    ) -> _T:
+    async def _write(self, op: _ops.Op[_T], key: str, grant: str | None = None) -> _T:
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
-        result = await self._run(op, key, idempotent=idempotent, grant=grant)
+        result = await self._run(op, key, grant)
         if self.sweep_every and not self._sweeping:
             self._writes += 1
             if self._writes >= self.sweep_every:
@@ -398,112 +141,48 @@ class MySQLLeaseProvider(BackendProvider):
                 self._spawn(self._sweep_in_background())
         return result
 
-    def _statements(self) -> _sql.Statements:
-        assert self._sql is not None  # _use() made sure
-        return self._sql
+    def _where(self) -> str:
+        return self._settings.where()
+
+    def _describe(self) -> str:
+        return f"table={self.table!r}"
+
+    async def _connect(self) -> None:
+        async with self._ready_lock:
+            if self._schema.sql is None:
+                await self._transport.run(_ops.ready(self._schema))
+
+    async def _close_client(self) -> None:
+        await self._transport.close()
+
+    # -- the contract, and beyond -------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
-
-        async def op(cursor: Cursor) -> LeaseResult:
-            s = self._statements()
-            for _ in range(_DENIED_RETRIES):
-                await cursor.execute(s.acquire, params)
-                if cursor.lastrowid:
-                    return LeaseResult(True, owner, int(cursor.lastrowid))
-                await cursor.execute(s.owner, params)
-                row = await cursor.fetchone()
-                if row is not None and bytes(row[0]) != params["owner"]:
-                    return LeaseResult(False, bytes(row[0]).decode(), None)
-                # Released, expired or handed to us since it denied us: acquire again.
-            return LeaseResult(False, None, None)
-
-        return await self._write(op, key, grant=owner)
+        return await self._write(_ops.acquire(self._statements, key, owner, ttl_ms), key, owner)
 
     async def get_lease_owner(self, key: str) -> str | None:
-        validate_key(key)
-        params = {"key": key.encode()}
-
-        owner = await self._run(self._scalar("owner", params), key)
-        return None if owner is None else bytes(owner).decode()
+        return await self._run(_ops.owner(self._statements, key), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        validate_key(key)
-        validate_owner(owner)
-        params = {"key": key.encode(), "owner": owner.encode()}
-        await self._write(self._rowcount("release", params), key)
+        await self._write(_ops.release(self._statements, key, owner), key)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
 
         What the toolkit undoes a cancelled grant with when it read the grant's reply.
         """
-        validate_key(key)
-        validate_owner(owner)
-        params = {"key": key.encode(), "owner": owner.encode(), "token": token}
-        await self._write(self._rowcount("release_grant", params), key)
+        await self._write(_ops.release_grant(self._statements, key, owner, token), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
-        return await self._write(self._rowcount("renew", params), key) == 1
+        return await self._write(_ops.renew(self._statements, key, owner, ttl_ms), key)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        validate_key(key)
-        validate_owner(from_owner, "from_owner")
-        validate_owner(to_owner, "to_owner")
-        validate_ttl_ms(ttl_ms)
-        params = {"key": key.encode(), "from_owner": from_owner.encode(), "ttl_us": ttl_ms * 1000}
-        params["to_owner"] = to_owner.encode()
-        # Not retried on a lost connection: a transfer that ran before the connection
-        # died would report False the second time.
-        op = self._rowcount("transfer", params)
-        grant = to_owner if to_owner != from_owner else None  # else a renewal
-        return await self._write(op, key, idempotent=False, grant=grant) == 1
-
-    def _scalar(self, statement: str, params: dict[str, Any] | None) -> _Operation[Any]:
-        """``statement``'s first column of its first row, or None without a row."""
-
-        async def op(cursor: Cursor) -> Any:
-            await cursor.execute(getattr(self._statements(), statement), params)
-            row = await cursor.fetchone()
-            return None if row is None else row[0]
-
-        return op
-
-    def _rowcount(self, statement: str, params: dict[str, Any]) -> _Operation[int]:
-        async def op(cursor: Cursor) -> int:
-            return int(await cursor.execute(getattr(self._statements(), statement), params))
-
-        return op
-
-    # -- beyond the contract ------------------------------------------------------------
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms)
+        return await self._write(op, key, to_owner if to_owner != from_owner else None)
 
     async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, optionally only keys starting with ``prefix``."""
-        if prefix is not None:
-            validate_key(prefix, "prefix")
-        limit = Option("limit", int, minimum=1).validate(limit)
-        params: dict[str, Any] = {"limit": limit}
-        if prefix is not None:
-            low = prefix.encode()
-            # UTF-8 never contains the byte 0xFF, so the last byte can always be raised.
-            params.update(low=low, high=low[:-1] + bytes([low[-1] + 1]))
-
-        async def op(cursor: Cursor) -> list[LeaseRecord]:
-            s = self._statements()
-            await cursor.execute(s.inspect_all if prefix is None else s.inspect_prefix, params)
-            return [
-                LeaseRecord(bytes(k).decode(), bytes(o).decode(), int(t), max(1, int(r)))
-                for k, o, t, r in await cursor.fetchall()
-            ]
-
-        return await self._run(op, prefix)
+        return await self._run(_ops.inspect(self._statements, prefix, limit), prefix)
 
     async def migrate(self) -> int:
         """Create the table, its meta table (and on MariaDB its sequence) if missing.
@@ -513,13 +192,10 @@ class MySQLLeaseProvider(BackendProvider):
         ``SELECT, INSERT, UPDATE, DELETE`` on the table, ``SELECT`` on the meta table
         and, on MariaDB, ``SELECT, INSERT`` on the sequence. Returns the schema version.
         """
+        return await self._call(self._migrate())
 
-        async def op(cursor: Cursor) -> int:
-            await self._migrate_on(cursor)
-            self._sql = await self._read_schema(cursor)
-            return _sql.SCHEMA_VERSION
-
-        return await self._call(self._use(op, None, ready=False))
+    async def _migrate(self) -> int:
+        return await self._transport.run(_ops.migrate(self._schema))
 
     async def sweep(self) -> int:
         """Delete one batch of rows that expired more than ``sweep_grace_s`` ago.
@@ -527,19 +203,7 @@ class MySQLLeaseProvider(BackendProvider):
         Runs by itself every ``sweep_every`` writes; call it from a periodic job with
         ``sweep_every=0``. Returns how many rows were deleted.
         """
-        grace_us = round(self.sweep_grace_s * 1_000_000)
-        params: dict[str, Any] = {"grace_us": grace_us, "batch": self.sweep_batch}
-
-        async def op(cursor: Cursor) -> int:
-            s = self._statements()
-            await cursor.execute(s.sweep_select, params)
-            keys = [row[0] for row in await cursor.fetchall()]
-            if not keys:
-                return 0
-            params.update({f"k{i}": key for i, key in enumerate(keys)})
-            return int(await cursor.execute(s.sweep_delete(len(keys)), params))
-
-        return await self._run(op)
+        return await self._run(_ops.sweep(self._statements, self.sweep_grace_s, self.sweep_batch))
 
     async def _sweep_in_background(self) -> None:
         try:
@@ -554,9 +218,110 @@ class MySQLLeaseProvider(BackendProvider):
 
     async def row_count(self) -> int:
         """Rows in the table, live and expired: what the sweep keeps bounded."""
+        return await self._run(_ops.row_count(self._statements))
 
-        return int(await self._run(self._scalar("count_rows", None)))
 
+class MySQLSyncLeaseProvider(SyncBackendProvider):
+    """Leases in MySQL or MariaDB from blocking code: the same operations, on PyMySQL.
 
-async def _nothing(cursor: Cursor) -> None:
-    return None
+    Safe to share between threads. Made by ``leasekit.sync.connect("mysql://...")``
+    (through :meth:`MySQLLeaseProvider.sync_from_url`) or :meth:`from_url`, with the
+    same URL and options; it owns a pool of up to ``pool_max_size`` connections.
+    Every call is bounded by ``timeout_s`` (``_blocking``); the schema is checked (or
+    created) on first use, and expired rows are swept every ``sweep_every`` writes, in
+    the writing thread. Cancellation's undo is the async provider's alone: a blocking
+    call cannot be cancelled.
+    """
+
+    backend = BACKEND
+    capabilities = CAPABILITIES
+    errors = ERRORS
+
+    def __init__(self, settings: _options.MySQLSettings) -> None:
+        if settings.connect is None:
+            raise InvalidLeaseArgument.for_argument("settings", "must name a server (from_url)")
+        super().__init__(timeout_s=settings.timeout_s, owns_client=True)
+        self._settings = settings
+        self._transport = BlockingTransport(settings)
+        self._schema = _ops.Schema(settings)
+        self.table = str(settings.table)
+        self._ready_lock = threading.Lock()
+        self._writes = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MySQLSyncLeaseProvider:
+        """A provider and its own PyMySQL pool; see :meth:`MySQLLeaseProvider.from_url`."""
+        return cls(_options.url_settings(url, options))
+
+    def _run(self, op: _ops.Op[_T], key: str | None = None, *, write: bool = False) -> _T:
+        result: _T = self._call(self._send, op, key=key)
+        every = self._settings.sweep_every
+        if write and every:
+            self._writes += 1  # racy under threads: a sweep a little early or late
+            if self._writes >= every:
+                self._writes = 0
+                self._sweep_quietly()
+        return result
+
+    def _send(self, op: _ops.Op[_T]) -> _T:
+        deadline = time.monotonic() + self.timeout_s
+        if self._schema.sql is None:
+            self._ready(deadline)
+        return self._transport.run(op, deadline)
+
+    def _statements(self) -> _sql.Statements:
+        statements = self._schema.sql
+        assert statements is not None  # the schema was made ready first
+        return statements
+
+    def _ready(self, deadline: float) -> None:
+        with self._ready_lock:
+            if self._schema.sql is None:
+                self._transport.run(_ops.ready(self._schema), deadline)
+
+    def _sweep_quietly(self) -> None:
+        settings = self._settings
+        try:
+            self._run(_ops.sweep(self._statements, settings.sweep_grace_s, settings.sweep_batch))
+        except (LeaseBackendError, LeaseProviderClosed) as exc:
+            _log.debug("sweep failed: %s", exc)
+
+    def _where(self) -> str:
+        return self._settings.where()
+
+    def _describe(self) -> str:
+        return f"table={self.table!r}"
+
+    def _connect(self) -> None:
+        self._ready(time.monotonic() + self.timeout_s)
+
+    def _close_client(self) -> None:
+        self._transport.close()
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        return self._run(_ops.acquire(self._statements, key, owner, ttl_ms), key, write=True)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        return self._run(_ops.owner(self._statements, key), key)
+
+    def release_lease(self, key: str, owner: str) -> None:
+        self._run(_ops.release(self._statements, key, owner), key, write=True)
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return self._run(_ops.renew(self._statements, key, owner, ttl_ms), key, write=True)
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms)
+        return self._run(op, key, write=True)
+
+    def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """List live leases in key order, optionally only keys starting with ``prefix``."""
+        return self._run(_ops.inspect(self._statements, prefix, limit), prefix)
+
+    def migrate(self) -> int:
+        """Create what is missing of the schema; see :meth:`MySQLLeaseProvider.migrate`."""
+        version: int = self._call(self._migrate)
+        return version
+
+    def _migrate(self) -> int:
+        return self._transport.run(_ops.migrate(self._schema))

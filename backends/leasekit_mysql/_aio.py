@@ -1,0 +1,195 @@
+"""The asyncio transport: asyncmy's pool, in arrival order, running one operation at a time.
+
+Only I/O: :func:`run` checks a connection out (behind a
+:class:`~leasekit.backend.FifoGate`), drives an ``_ops`` operation on it with
+:func:`~leasekit.backend.drive_async`, and gives the connection back (or drops it, if
+a statement failed on the client's side: lost, cancelled). After a lost connection
+the operation's next statement goes to a fresh one. Deadlines and error mapping are
+the provider's (``BackendProvider._call``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
+
+import asyncmy
+from asyncmy import errors as driver_errors
+from asyncmy.connection import Connection
+from asyncmy.cursors import Cursor
+from asyncmy.pool import Pool
+
+from leasekit import LeaseProviderClosed
+from leasekit.backend import FifoGate, drive_async
+
+from ._ops import Op, Request
+from ._options import BACKEND, LOST, MySQLSettings, error_code
+
+__all__ = ["AioTransport", "pool_options", "run"]
+
+_T = TypeVar("_T")
+
+
+def pool_options(settings: MySQLSettings) -> dict[str, Any]:
+    """asyncmy's ``create_pool`` arguments for the server in ``settings`` (autocommit)."""
+    assert settings.connect is not None
+    return {
+        **settings.connect,
+        "autocommit": True,
+        "minsize": settings.pool_min_size,
+        "maxsize": settings.pool_max_size,
+    }
+
+
+class AioTransport:
+    """asyncmy's pool (the caller's, or one built at first use from ``options``)."""
+
+    __slots__ = ("_gate", "_lock", "_options", "pool")
+
+    def __init__(self, pool: Pool | None, options: Mapping[str, Any] | None) -> None:
+        self.pool = pool
+        self._options = dict(options or {})
+        # asyncmy hands a freed connection to whoever asks next, and a task that checks
+        # one in and at once out again asks before any waiter wakes: waiters starve for
+        # all of timeout_s. Only a holder of the gate (the pool's size) asks the pool.
+        self._gate: FifoGate | None = None if pool is None else FifoGate(pool.maxsize)
+        self._lock = asyncio.Lock()
+
+    def run(self, operation: Op[_T]) -> Coroutine[Any, Any, _T]:
+        """Drive ``operation`` on one pooled connection (a fresh one after a lost one)."""
+        return run(self._itself, _nothing, operation)
+
+    def _itself(self) -> AioTransport:
+        return self
+
+    async def _checkout(self) -> Connection:
+        """A connection, for callers in arrival order (within the operation's deadline)."""
+        pool, gate = self.pool, self._gate
+        if pool is None or gate is None:
+            pool, gate = await self._open_pool()
+        if not gate.try_acquire():
+            await gate.acquire()
+        try:
+            return await pool.acquire()
+        except RuntimeError:  # "Cannot acquire connection after closing pool"
+            gate.release()
+            raise LeaseProviderClosed(backend=BACKEND) from None
+        except BaseException:
+            gate.release()
+            raise
+
+    async def _open_pool(self) -> tuple[Pool, FifoGate]:
+        async with self._lock:
+            if self.pool is None:
+                self.pool = await asyncmy.create_pool(**self._options)
+            if self._gate is None:
+                self._gate = FifoGate(self.pool.maxsize)
+            return self.pool, self._gate
+
+    async def _fresh(self) -> Connection:
+        """A connection in place of a lost one (given back), keeping its place at the gate."""
+        pool = self.pool
+        assert pool is not None
+        await pool.clear()  # its idle siblings are likely dead too
+        try:
+            return await pool.acquire()
+        except RuntimeError:
+            raise LeaseProviderClosed(backend=BACKEND) from None
+
+    def _checkin(self, conn: Connection | None, *, healthy: bool, keep_place: bool = False) -> None:
+        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter."""
+        try:
+            if conn is not None and not healthy:
+                conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
+            if conn is not None and self.pool is not None:
+                self.pool.release(conn)  # a closed connection leaves the pool here
+        finally:
+            if self._gate is not None and not keep_place:
+                self._gate.release()
+
+    async def close(self) -> None:
+        """Close the pool; drop its sockets if the server does not answer."""
+        if self.pool is not None:
+            self.pool.close()
+            try:
+                await self.pool.wait_closed()
+            except BaseException:
+                self.pool.terminate()
+                raise
+
+
+async def run(
+    transport: Callable[[], AioTransport | None],
+    ready: Callable[[], Awaitable[object]],
+    operation: Op[_T],
+) -> _T:
+    """Drive ``operation`` on a connection of ``transport()``, after ``await ready()`` if None.
+
+    Both are asked only when the call starts: a provider rebuilt in between (a new loop,
+    a fork) answers with its new transport, and makes its new schema ready first. The
+    connection is checked out at the first statement and given back when the operation
+    ends, however it ends.
+    """
+    current = transport()
+    if current is None:
+        await ready()
+        current = transport()
+        assert current is not None
+    session = _Session(current)
+    try:
+        return await drive_async(operation, session.exchange)
+    finally:
+        if session.placed:
+            current._checkin(session.conn, healthy=session.healthy)
+
+
+class _Session:
+    """One operation's connection and cursor, and whether the connection is still sound."""
+
+    __slots__ = ("conn", "cursor", "healthy", "placed", "transport")
+
+    def __init__(self, transport: AioTransport) -> None:
+        self.transport = transport
+        self.conn: Connection | None = None
+        self.cursor: Cursor | None = None
+        self.healthy = True
+        self.placed = False  # holds a place at the gate
+
+    async def _reconnect(self) -> Cursor:
+        """A cursor on a fresh connection in place of a lost one."""
+        lost, self.conn, transport = self.conn, None, self.transport
+        transport._checkin(lost, healthy=False, keep_place=True)
+        self.conn = await transport._fresh()
+        self.healthy = True
+        self.cursor = self.conn.cursor()
+        return self.cursor
+
+    async def exchange(self, request: Request) -> Any:
+        sql, params, reads = request
+        cursor = self.cursor
+        if cursor is None:  # the operation's first statement
+            conn = self.conn = await self.transport._checkout()
+            self.placed = True
+            cursor = self.cursor = conn.cursor()
+        elif not self.healthy:
+            cursor = await self._reconnect()
+        self.healthy = False  # until the server answers: cancelled, the state is unknown
+        try:
+            count = await cursor.execute(sql, params)
+        except driver_errors.MySQLError as exc:
+            code = error_code(exc)
+            self.healthy = code is not None and code < 2000 and code not in LOST
+            raise
+        self.healthy = True
+        if reads == "lastrowid":
+            return cursor.lastrowid
+        if reads == "row":
+            return await cursor.fetchone()
+        if reads == "rows":
+            return await cursor.fetchall()
+        return count
+
+
+async def _nothing() -> None:
+    return None
