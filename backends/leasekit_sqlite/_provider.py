@@ -49,10 +49,7 @@ class _OnFile:
 
     @classmethod
     def from_url(cls: type[_P], url: str, **options: Any) -> _P:
-        """Build from ``sqlite:///relative.db``, ``sqlite:////abs.db`` or ``sqlite://``.
-
-        Keyword ``options`` win over the URL's query. No I/O happens here.
-        """
+        """Build from ``sqlite:///rel.db`` or ``sqlite:////abs.db``; ``options`` win; no I/O."""
         settings = _options.url_settings(url, **options)
         build: Callable[..., _P] = cls  # each provider's own __init__(path, **options)
         return build(settings.path, **settings.options)
@@ -98,11 +95,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
 
     @classmethod
     def sync_from_url(cls, url: str, **options: Any) -> SQLiteSyncLeaseProvider:
-        """The blocking provider :func:`leasekit.sync.connect` uses for this URL.
-
-        The same URL, options and errors as :meth:`from_url`; see
-        :class:`~leasekit_sqlite.SQLiteSyncLeaseProvider`.
-        """
+        """The :class:`SQLiteSyncLeaseProvider` for this URL (``leasekit.sync.connect``)."""
         return SQLiteSyncLeaseProvider.from_url(url, **options)
 
     async def _connect(self) -> None:
@@ -115,9 +108,8 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
     def _run(
         self, operation: _ops.Op[_T], key: str | None, grant: str | None = None
     ) -> Coroutine[Any, Any, _T]:
-        # Not a coroutine of its own: the caller awaits _call's, one frame fewer. The
-        # connection is looked up after _refuse_if_closed, which in a forked child (or
-        # on a new loop) gives the provider its new one.
+        # Not a coroutine of its own (one frame fewer); the connection is looked up after
+        # _refuse_if_closed, which gives a forked child (or a new loop) its new one.
         self._refuse_if_closed()
         return self._call(self._connection.run(operation), key, grant)
 
