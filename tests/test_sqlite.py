@@ -175,6 +175,31 @@ async def test_create_false_on_a_file_without_our_tables_says_so(tmp_path: Path)
             pass
 
 
+async def test_create_schema_is_the_other_sql_backends_name_for_create(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    with pytest.raises(leasekit.LeaseBackendUnreachable, match="no SQLite file"):
+        async with SQLiteLeaseProvider(typo, create_schema=False):
+            pass
+    assert _entries(tmp_path) == []
+    provider = leasekit.connect(f"sqlite:///{typo}?create_schema=off")
+    assert isinstance(provider, SQLiteLeaseProvider)
+    assert provider.create is False
+    with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+        SQLiteLeaseProvider(typo, create=True, create_schema=False)
+    assert info.value.argument == "create_schema"
+
+
+async def test_migrate_creates_the_tables_idempotently(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    async with SQLiteLeaseProvider(path) as provider:
+        assert await provider.migrate() == 1
+        assert await provider.migrate() == 1
+    run = _cli("migrate", f"sqlite:///{path}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    async with SQLiteLeaseProvider(path, create=False) as reader:
+        assert await reader.get_lease_owner("k") is None
+
+
 # -- the file --------------------------------------------------------------------------
 
 
@@ -509,8 +534,9 @@ async def test_each_operation_runs_one_statement_and_a_denial_two(db_path: Path)
     async with SQLiteLeaseProvider(db_path, sweep_every=1_000_000, timeout_s=600) as provider:
         assert (await provider.acquire_lease("warm", "a", 60_000)).acquired
         statements: list[str] = []
-        assert provider._conn is not None
-        provider._conn.set_trace_callback(statements.append)
+        conn = provider._connection._connection._conn  # the thread's sqlite3 connection
+        assert conn is not None
+        conn.set_trace_callback(statements.append)
 
         async def run(operation: Callable[[], object]) -> list[str]:
             statements.clear()

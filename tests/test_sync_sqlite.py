@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from leasekit_sqlite import SQLiteLeaseProvider
+from leasekit_sqlite import SQLiteLeaseProvider, SQLiteSyncLeaseProvider
 
 import leasekit
 import leasekit.sync
@@ -69,3 +69,19 @@ def test_required_capabilities_are_checked_on_the_native_path(tmp_path: Path) ->
     with pytest.raises(BackendLacksCapability) as caught:
         leasekit.sync.connect(f"sqlite:///{tmp_path}/leases.db", require="shared_across_hosts")
     assert caught.value.missing == ("shared_across_hosts",)
+
+
+def test_the_blocking_provider_takes_the_same_path_and_options(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    with SQLiteSyncLeaseProvider(path, synchronous="normal", sweep_every=1) as leases:
+        assert leases.migrate() == 1
+        assert leases.acquire_lease("k", "a", LONG_TTL_MS).acquired
+        leases.release_lease("k", "a")  # and a sweep after it
+        assert leases.acquire_lease("k", "b", LONG_TTL_MS).acquired
+        assert repr(leases) == f"SQLiteSyncLeaseProvider({str(path)!r})"
+    with pytest.raises(leasekit.InvalidLeaseArgument):
+        SQLiteSyncLeaseProvider(":memory:")
+    typo = SQLiteSyncLeaseProvider(tmp_path / "typo.db", create=False)
+    with pytest.raises(leasekit.LeaseBackendUnreachable, match="no SQLite file"):
+        typo.open()
+    assert not (tmp_path / "typo.db").exists()

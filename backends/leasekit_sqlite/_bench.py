@@ -2,7 +2,7 @@
 
 Registered in the ``leasekit.bench`` entry-point group for ``sqlite``, and imported
 only when such a URL is benchmarked. The floor reads the URL with the provider's own
-parser (:func:`~leasekit_sqlite._provider.url_settings`), so the file, ``synchronous``
+parser (:func:`~leasekit_sqlite._options.url_settings`), so the file, ``synchronous``
 and ``timeout_s`` (the busy timeout) mean the same to both. It is the least a
 hand-written lease table needs on the same file: WAL, the same ``synchronous`` level
 as leasekit's (default ``FULL``), one connection in one worker thread (what
@@ -20,7 +20,7 @@ import sqlite3
 
 from leasekit.bench import AsyncCycler, BenchTarget, Contender, SchemeBench
 
-from ._provider import url_settings
+from ._options import url_settings
 
 __all__ = ["BENCH"]
 
@@ -97,8 +97,8 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
     cycler = _RawCycler(
         settings.path,
         target.ttl_ms,
-        synchronous=settings.options["synchronous"],
-        timeout_s=settings.options["timeout_s"],
+        synchronous=settings.synchronous,
+        timeout_s=settings.timeout_s,
     )
     try:
         await cycler.open()

@@ -20,15 +20,11 @@ IMMEDIATE`` does; where several statements belong together (a denied acquire and
 holder it reads, the sweep, a batch of renewals) they run inside ``BEGIN IMMEDIATE``.
 Either way the deciding statement sees and changes the row with no other writer in
 between, in this process or any other.
+
+This module is the statements' text only; ``_ops`` sends them and reads their replies.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Any
-
-from leasekit import LeaseResult
-from leasekit.backend import LeaseRecord
 
 SCHEMA_VERSION = 1
 
@@ -61,6 +57,16 @@ CREATE_SCHEMA = (
 )
 
 SCHEMA_VERSION_QUERY = "SELECT value FROM leasekit_meta WHERE name = 'schema_version'"
+
+# WAL lets readers and a writer work at once; it is the file's setting, kept by it.
+JOURNAL_MODE = "PRAGMA journal_mode"
+USE_WAL = "PRAGMA journal_mode = WAL"
+
+# Several statements that belong together: the write lock from the start, so no other
+# writer comes in between (see above).
+BEGIN = "BEGIN IMMEDIATE"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
 
 # :key, :owner, :ttl_ms. Inserts a free key, or takes over an expired row (new token)
 # or refreshes the caller's own live lease (same token). A live row of another owner
@@ -118,8 +124,8 @@ TRANSFER = f"""
 """
 
 # The sweep, in one IMMEDIATE transaction: it walks the keys in primary-key order, one
-# window of at most :batch keys after the cursor :after per sweep (the provider keeps
-# the cursor, from the empty BLOB, which sorts first, back to it after the last
+# window of at most :batch keys after the cursor :after per sweep (the sweeper in _ops
+# keeps the cursor, from the empty BLOB, which sorts first, back to it after the last
 # window), and deletes the rows of the window that expired by the cutoff, raising the
 # floor over exactly their tokens first. Each sweep reads at most :batch rows of the
 # key index, however large the table, and no index on the expiry is needed; a full
@@ -158,48 +164,3 @@ REMAINING = f"""
     SELECT expires_at_ms - {NOW_MS} FROM leasekit_leases
     WHERE key = :key AND expires_at_ms > {NOW_MS}
 """
-
-
-# -- reading the replies: pure functions, no connection in sight --------------------------
-# The statements above are "the request to send"; these say how to read what comes back,
-# so the same operation can be driven by any connection, blocking or not.
-
-Row = Sequence[Any]
-
-
-def key_params(key: str, **owners: str) -> dict[str, Any]:
-    """Parameters for a statement: keys and owners as their UTF-8 bytes (NUL included)."""
-    return {"key": key.encode(), **{name: owner.encode() for name, owner in owners.items()}}
-
-
-def granted(row: Row | None, owner: str) -> LeaseResult | None:
-    """ACQUIRE's reply: the grant with its token, or ``None`` if a live holder refused it."""
-    return None if row is None else LeaseResult(True, owner, int(row[0]))
-
-
-def denied(holder_row: Row | None) -> LeaseResult:
-    """OWNER's reply read in the denied acquire's transaction: the holder that refused it."""
-    return LeaseResult(False, holder_from(holder_row), None)
-
-
-def holder_from(row: Row | None) -> str | None:
-    """OWNER's reply: the live holder, or ``None`` when the key is free or expired."""
-    return None if row is None else bytes(row[0]).decode()
-
-
-def remaining_from(row: Row | None) -> int | None:
-    """REMAINING's reply: milliseconds left on the live lease, ``None`` when free."""
-    return None if row is None else max(1, int(row[0]))
-
-
-def changed(rowcount: int) -> bool:
-    """RENEW's and TRANSFER's reply: whether the caller's live lease matched (one row)."""
-    return rowcount == 1
-
-
-def records_from(rows: Sequence[Row]) -> list[LeaseRecord]:
-    """INSPECT's reply."""
-    return [
-        LeaseRecord(bytes(key).decode(), bytes(owner).decode(), int(token), int(remaining))
-        for key, owner, token, remaining in rows
-    ]
