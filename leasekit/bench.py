@@ -20,6 +20,7 @@ plugs one in from code, and :func:`run_bench` runs a benchmark in process.
 
 from __future__ import annotations
 
+from ._bench._leasekit import LEASEKIT, LEASEKIT_SYNC
 from ._bench._model import (
     SCENARIOS,
     AsyncCycler,
@@ -34,7 +35,7 @@ from ._bench._model import (
 )
 from ._bench._peers import open_tooz
 from ._bench._report import render_json, render_table
-from ._bench._runner import LEASEKIT, LEASEKIT_SYNC, run_bench
+from ._bench._runner import run_bench
 from ._bench._schemes import ENTRY_POINT_GROUP, register_scheme, scheme_bench
 
 __all__ = [

@@ -22,29 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 500
 REASON = "over 500 lines:"
 
-# Cycles among backend modules known today, while the backends are being reshaped
-# (issue 23): each is a sorted tuple of the modules of one strongly connected component.
-# Empty this list as they go; a cycle not listed here fails, and so does a listed one
-# that no longer exists.
-KNOWN_BACKEND_CYCLES: list[tuple[str, ...]] = [
-    ("leasekit_sqlite._provider", "leasekit_sqlite._sync"),
-]
-
-# The one cycle in leasekit/ known today, outside the modules this test was written with:
-# under TYPE_CHECKING the package re-exports leasekit.bench, whose runner imports
-# connect() from the package (being reshaped with the CLI and the bench, issue 23).
-# Empty this list; leasekit/ must have no other cycle.
-KNOWN_CORE_CYCLES: list[tuple[str, ...]] = [
-    ("leasekit", "leasekit._bench._runner", "leasekit.bench"),
-]
-
-# Library modules over 500 lines without a reason at their top, known today; each is
-# being split (issue 23). Empty this list as they go.
-KNOWN_LONG_MODULES: list[str] = [
-    "backends/leasekit_mysql/_provider.py",
-    "backends/leasekit_sqlite/_provider.py",
-    "leasekit/_bench/_runner.py",
-]
+# Exceptions to the rules: none. Each list is checked both ways (an entry that no
+# longer applies fails too), so an entry added here must say why, next to it.
+KNOWN_BACKEND_CYCLES: list[tuple[str, ...]] = []
+KNOWN_CORE_CYCLES: list[tuple[str, ...]] = []
+KNOWN_LONG_MODULES: list[str] = []
 
 
 def _library_files() -> Iterator[Path]:

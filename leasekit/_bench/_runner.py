@@ -28,12 +28,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import connect
 from .._errors import InvalidLeaseArgument
 from .._registry import scheme_of
 from ..backend import redact_url
+from ._leasekit import LEASEKIT
 from ._model import (
     DEFAULT_SCENARIOS,
     DEFAULT_TTL_MS,
@@ -49,94 +49,9 @@ from ._model import (
 )
 from ._schemes import scheme_bench
 
-if TYPE_CHECKING:
-    from .._contract import ManagedLeaseProvider
-    from ..sync import SyncLeaseProvider
-
-__all__ = ["LEASEKIT", "LEASEKIT_SYNC", "run_bench"]
+__all__ = ["run_bench"]
 
 _MAX_WARMUP_S = 0.5
-
-
-# -- leasekit itself: the same contender for every scheme --------------------------------
-
-
-class _LeasekitCycler:
-    def __init__(self, provider: ManagedLeaseProvider, ttl_ms: int) -> None:
-        self._provider = provider
-        self._acquire = provider.acquire_lease
-        self._release = provider.release_lease
-        self._ttl_ms = ttl_ms
-
-    async def cycle(self, key: str, owner: str) -> bool:
-        result = await self._acquire(key, owner, self._ttl_ms)
-        if result.acquired:
-            await self._release(key, owner)
-        return result.acquired
-
-    async def aclose(self) -> None:
-        await self._provider.aclose()
-
-
-async def _open_leasekit(target: BenchTarget) -> AsyncCycler:
-    provider = connect(target.url)
-    try:
-        # Opens and checks the connection (a PING on Redis): a wrong address or an
-        # unreachable server fails here, before anything is measured.
-        await provider.__aenter__()
-    except BaseException:
-        await provider.aclose()
-        raise
-    return _LeasekitCycler(provider, target.ttl_ms)
-
-
-LEASEKIT = Contender(
-    "leasekit",
-    "leasekit",
-    "leasekit",
-    open_async=_open_leasekit,
-    how="leasekit.connect(url): acquire_lease, then release_lease if acquired",
-)
-
-
-class _LeasekitSyncCycler:
-    def __init__(self, facade: SyncLeaseProvider, ttl_ms: int) -> None:
-        self._facade = facade
-        self._acquire = facade.acquire_lease
-        self._release = facade.release_lease
-        self._ttl_ms = ttl_ms
-
-    def cycle(self, key: str, owner: str) -> bool:
-        result = self._acquire(key, owner, self._ttl_ms)
-        if result.acquired:
-            self._release(key, owner)
-        return result.acquired
-
-    def close(self) -> None:
-        self._facade.close()
-
-
-def _open_leasekit_sync(target: BenchTarget) -> SyncCycler:
-    from .. import sync  # noqa: PLC0415
-
-    facade = sync.connect(target.url)
-    try:
-        facade.open()
-    except BaseException:
-        facade.close()
-        raise
-    return _LeasekitSyncCycler(facade, target.ttl_ms)
-
-
-LEASEKIT_SYNC = Contender(
-    "leasekit-sync",
-    "leasekit.sync",
-    "leasekit",
-    open_sync=_open_leasekit_sync,
-    how="leasekit.sync.connect(url): the backend's blocking provider where it has one, "
-    "else a loop thread; acquire_lease, then release_lease if acquired",
-)
-"""leasekit's blocking API; a scheme lists it among its contenders (Redis does)."""
 
 
 # -- the runner --------------------------------------------------------------------------
