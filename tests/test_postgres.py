@@ -440,7 +440,7 @@ def test_leasekit_migrate_creates_the_schema_up_front(
     assert run_cli("migrate", url).returncode == 0  # idempotent
     done = run_cli("acquire", url, "k", "a", "--ttl-ms", "60000")
     assert done.returncode == 0, done.stderr
-    no_schema = run_cli("migrate", f"sqlite:///{tmp_path / 'x.db'}")
+    no_schema = run_cli("migrate", "memory://")  # SQLite has a schema to migrate now
     assert no_schema.returncode == 2
     assert "no schema to migrate" in no_schema.stderr
     unreachable = run_cli("migrate", f"postgresql://u@127.0.0.1:{free_port()}/db?timeout_s=1")

@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from leasekit_contract import BATCHED_RENEWAL_CHECKS, RELEASE_GRANT_CHECK, WAKE_UP_CHECKS
+from leasekit_contract import (
+    BATCHED_RENEWAL_CHECKS,
+    BLOCKING_DRIVER_SKIPS,
+    RELEASE_GRANT_CHECK,
+    WAKE_UP_CHECKS,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "third_party_backend"
@@ -243,13 +248,16 @@ def assert_whole_suite_passed(run: SuiteRun) -> None:
     # notifications: only the multi-process and the wake-up checks may skip (and those
     # of the extras they lack: renew_leases, release_grant). Fencing and atomic
     # transfer are declared, so they must run.
-    skipped = sorted(name for (_, name), o in run.outcomes.items() if o == "skipped")
+    # Through the blocking driver (a class whose name ends in "Blocking"), also the
+    # checks a blocking call cannot take part in (BLOCKING_DRIVER_SKIPS).
+    skipped = sorted(key for key, outcome in run.outcomes.items() if outcome == "skipped")
     assert all(
         "processes" in name
         or name in WAKE_UP_CHECKS
         or name.split("[")[0] in BATCHED_RENEWAL_CHECKS
         or name == RELEASE_GRANT_CHECK
-        for name in skipped
+        or (cls.endswith("Blocking") and name.split("[")[0] in BLOCKING_DRIVER_SKIPS)
+        for cls, name in skipped
     ), skipped
 
 
@@ -327,7 +335,11 @@ def test_example_backend_passes_the_suite_through_the_plugin(
         cwd=tmp_path,
     )
     assert_whole_suite_passed(run)
-    assert {cls for cls, _ in run.outcomes} == {"TestLeaseProviderAtURL"}
+    # Through both drivers: the provider at the URL, and leasekit.sync.connect(URL).
+    assert {cls for cls, _ in run.outcomes} == {
+        "TestLeaseProviderAtURL",
+        "TestLeaseProviderAtURLBlocking",
+    }
 
 
 @pytest.fixture(scope="module")

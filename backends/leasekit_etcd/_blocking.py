@@ -53,13 +53,31 @@ def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s: float
         responses.cancel()
 
 
+# How long closing waits for gRPC's connectivity polling thread (one 0.2 s poll) to end.
+_POLL_END_S = 0.5
+
+
 class _Connectivity:
     """A blocking channel's state as gRPC reports it (``subscribe``), to wait on."""
 
     def __init__(self, channel: _rpc.Channel) -> None:
         self.state: Any = None
         self._changed = threading.Condition()
+        self._channel = channel
         channel.subscribe(self._update, try_to_connect=True)
+
+    def stop(self, wait_s: float) -> None:
+        """Unsubscribe, and wait (up to ``wait_s``) for gRPC's polling thread to end.
+
+        That thread asks the channel for its state every 0.2 s until nothing is
+        subscribed; a channel closed under it makes it raise in its own thread ("Cannot
+        monitor channel state: Channel closed!"), so the channel is closed after it ends.
+        """
+        self._channel.unsubscribe(self._update)
+        state = getattr(self._channel, "_connectivity_state", None)
+        deadline = time.monotonic() + wait_s
+        while getattr(state, "polling", False) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _update(self, state: Any) -> None:
         with self._changed:
@@ -127,6 +145,9 @@ class BlockingTransport:
     def close(self) -> None:
         """Close every channel this transport opened; calls on them fail (CANCELLED)."""
         with self._opening:
+            watched, self._connectivity = self._connectivity, {}
+            for connectivity in watched.values():
+                connectivity.stop(_POLL_END_S)
             for member in self.members.members:
                 channel = member.take_channel()
                 if channel is not None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._capabilities import Capabilities
 from .._contract import LeaseResult
-from .._errors import LeaseProviderClosed
+from .._errors import LeaseError, LeaseProviderClosed
 from ._base import ProviderBase
 from ._fork import (
     callers_client_in_child,
@@ -177,6 +177,14 @@ class SyncBackendProvider(ProviderBase):
             if self._closing:
                 raise LeaseProviderClosed(backend=self.backend) from exc
             raise self.errors.translate(exc, key=key, where=self._where()) from exc
+        except LeaseError:
+            raise
+        except Exception as exc:
+            # Whatever a driver raises from a client closed under the call (grpc's
+            # ValueError "Channel closed!", say) means just that.
+            if self._closing:
+                raise LeaseProviderClosed(backend=self.backend) from exc
+            raise
 
     # -- lifecycle ------------------------------------------------------------------------
 
