@@ -9,20 +9,11 @@ Install with ``pip install 'leasekit[postgres]'``; see ``docs/backends/postgresq
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from ._provider import LeaseRecord, PostgresClient, PostgresLeaseProvider
-
-if TYPE_CHECKING:
-    from ._sync_provider import PostgresSyncLeaseProvider
+from ._provider import (
+    LeaseRecord,
+    PostgresClient,
+    PostgresLeaseProvider,
+    PostgresSyncLeaseProvider,
+)
 
 __all__ = ["LeaseRecord", "PostgresClient", "PostgresLeaseProvider", "PostgresSyncLeaseProvider"]
-
-
-def __getattr__(name: str) -> Any:
-    # The blocking provider loads on first use: async code never imports it.
-    if name == "PostgresSyncLeaseProvider":
-        from ._sync_provider import PostgresSyncLeaseProvider  # noqa: PLC0415
-
-        return PostgresSyncLeaseProvider
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
