@@ -1249,3 +1249,9 @@ def _group_thread_states(proc: Path, pgid: int) -> list[str]:
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return states
+
+
+def with_options(url: str, **options: object) -> str:
+    """``url`` with ``options`` added to its query string."""
+    query = "&".join(f"{name}={value}" for name, value in options.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from servers import MariaDBServer, missing_extra
+from servers import MariaDBServer, missing_extra, with_options
 
 import leasekit
 import leasekit.sync
@@ -41,11 +41,6 @@ from leasekit_mysql import MySQLLeaseProvider, MySQLSyncLeaseProvider
 LONG_TTL_MS = 60_000
 THREADS = 16
 SLACK_S = 5.0  # how much later than its timeout a call may fail, on a loaded machine
-
-
-def with_options(url: str, **options: object) -> str:
-    query = "&".join(f"{name}={value}" for name, value in options.items())
-    return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
 @pytest.fixture

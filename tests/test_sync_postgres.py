@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import PostgresServer, require_module
+from servers import PostgresServer, require_module, with_options
 
 import leasekit
 import leasekit.sync
@@ -26,11 +26,6 @@ leasekit_postgres = require_module("leasekit_postgres", extra="postgres")
 
 LONG_TTL_MS = 60_000
 THREADS = 16
-
-
-def with_options(url: str, **options: object) -> str:
-    query = "&".join(f"{name}={value}" for name, value in options.items())
-    return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import RedisServer, require_module
+from servers import RedisServer, require_module, with_options
 
 import leasekit
 import leasekit.plugins
@@ -35,11 +35,6 @@ leasekit_redis = require_module("leasekit_redis", extra="redis")
 
 LONG_TTL_MS = 60_000
 THREADS = 16
-
-
-def with_options(url: str, **options: object) -> str:
-    query = "&".join(f"{name}={value}" for name, value in options.items())
-    return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
 @pytest.fixture
