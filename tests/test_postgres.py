@@ -1241,6 +1241,54 @@ async def test_a_frozen_server_leaves_no_pool_task_after_aclose(
     assert pool_tasks(provider) == []
 
 
+async def test_async_with_returns_once_the_pools_min_size_connections_are_open(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    """No connection of the pool is still being opened once the provider is open: one
+    cut off mid-connect when its event loop ends hung ``asyncio.run()`` in psycopg."""
+    url = with_query(postgres_url, pool_min_size="4", application_name=app_name)
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table) as provider:
+        # The server's count: the direct first connection is closed, the pool's 4 are up.
+        assert backends_of(postgres_url, app_name) == 4
+        assert pool_tasks(provider)  # the pool's workers, which the loop's end cancels
+    lazy = PostgresLeaseProvider.from_url(url, table=postgres_table)
+    try:
+        await lazy.get_lease_owner("k")  # opened by its first call, not by `async with`
+        assert backends_of(postgres_url, app_name) == 4
+    finally:
+        await lazy.aclose()
+
+
+_RUN_WITHOUT_ACLOSE = """
+import asyncio, sys
+import leasekit
+
+async def main() -> None:
+    provider = leasekit.connect(sys.argv[1])
+    await provider.__aenter__()
+    assert (await provider.acquire_lease("exit-k", leasekit.new_owner_id(), 60_000)).acquired
+    print("used", flush=True)
+
+asyncio.run(main())
+print("ended", flush=True)
+"""
+
+
+def test_asyncio_run_ends_promptly_after_a_provider_left_open(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """The loop's end cancels the pool's workers; none is mid-connect, so none hangs it."""
+    url = with_query(postgres_url, pool_min_size="8", table=postgres_table)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_WITHOUT_ACLOSE, url],
+        capture_output=True,
+        text=True,
+        timeout=60,  # the hang was 300 s (psycopg_pool's reconnect_timeout)
+        check=False,
+    )
+    assert done.stdout.split() == ["used", "ended"], (done.stdout, done.stderr)
+
+
 async def test_nothing_listening_logs_nothing_at_warning_from_psycopg_pool(
     private_postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
 ) -> None:

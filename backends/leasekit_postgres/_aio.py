@@ -24,7 +24,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from leasekit import LeaseBackendError, LeaseProviderClosed
 from leasekit.backend import drive_async
@@ -207,7 +207,7 @@ class AsyncTransport:
                             self.ready = True
                     finally:
                         await conn.close()
-                await pool.open(wait=False)
+                await self._fill(pool)
                 if not check_schema or self.ready:
                     return
             if not check_schema:
@@ -218,6 +218,30 @@ class AsyncTransport:
                 async with pool.connection() as conn:
                     await run(conn, self._ensure_schema())
             self.ready = True
+
+    async def _fill(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Open the pool we built and wait, within ``timeout_s``, for its ``min_size``.
+
+        Not left connecting in the background: a connection attempt that the end of
+        the event loop (``asyncio.run()``) cancels midway hung in psycopg_pool's
+        reconnection attempts for its ``reconnect_timeout`` (300 s). A pool that does
+        not fill in time is closed by psycopg_pool and cannot be opened again: a new
+        one of the same settings takes its place for the next call, and this one
+        raises :class:`~leasekit.LeaseBackendTimeout`.
+        """
+        try:
+            await pool.open(wait=True, timeout=self.settings.timeout_s)
+        except PoolTimeout:
+            self.client = self.pool = AsyncConnectionPool(
+                pool.conninfo,
+                kwargs=pool.kwargs,
+                min_size=pool.min_size,
+                max_size=pool.max_size,
+                timeout=pool.timeout,
+                name=f"leasekit-{next(_pool_numbers)}",
+                open=False,
+            )
+            raise
 
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
