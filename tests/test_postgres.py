@@ -893,6 +893,37 @@ async def test_terminated_backends_mid_run_are_backend_errors_at_worst_then_reco
         await exercise_every_operation(provider, "after")
 
 
+def terminate_backends(url: str, app_name: str) -> int:
+    """End every server process of ``app_name``'s connections, and wait for them to go."""
+    with admin(url) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (app_name,),
+        ).fetchall()
+    assert all(ended for (ended,) in rows), rows
+    return len(rows)
+
+
+async def test_an_idempotent_call_on_a_connection_ended_since_runs_again_a_transfer_does_not(
+    postgres_url: str, postgres_table: str, app_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one retry on a fresh connection (``_ops.attempts``), as the server saw it:
+    the pool's only connection is ended between two calls."""
+    url = with_query(postgres_url, application_name=app_name, pool_max_size="1")
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        assert terminate_backends(postgres_url, app_name) == 1
+        with caplog.at_level(logging.INFO, logger="leasekit.postgres"):
+            assert await provider.get_lease_owner("k") == "a"  # on a fresh connection
+        assert "retrying once on a fresh one" in caplog.text
+        assert terminate_backends(postgres_url, app_name) == 1
+        with pytest.raises(leasekit.LeaseBackendError) as failed:
+            await provider.transfer_lease("k", "a", "b", LONG_MS)
+        assert isinstance(failed.value.__cause__, psycopg.OperationalError)
+        assert await provider.get_lease_owner("k") == "a"  # not run twice, nor once
+
+
 async def test_a_statement_stalled_by_a_row_lock_is_cancelled_by_the_server(
     postgres_url: str, postgres_table: str
 ) -> None:

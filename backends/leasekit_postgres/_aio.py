@@ -3,8 +3,8 @@
 Only I/O. :func:`exchange` sends one :class:`~leasekit_postgres._ops.Query` and reads
 its reply; :func:`run` drives an operation of ``_ops`` with it
 (:func:`~leasekit.backend.drive_async`). :class:`AsyncTransport` is a provider's pool or
-single connection: it checks a connection out for each operation, runs the operation
-once more on a fresh connection when the first one died (for an idempotent operation),
+single connection: it checks a connection out for each attempt of ``_ops.attempts``
+(the operation, and once more on a fresh connection when the first one died),
 opens a pool the provider built with a first direct connection (so that a refused
 connection, a wrong password or an unknown host surface at once instead of as
 psycopg_pool's background retries) and checks the schema once. psycopg_pool's own log
@@ -72,6 +72,12 @@ async def exchange(conn: psycopg.AsyncConnection[Any], query: _ops.Query) -> Any
         if query.reads == "rows":
             return await cursor.fetchall()
         return await cursor.fetchone()
+    except psycopg.OperationalError as exc:
+        if _ops.lost(conn):
+            raise _ops.ConnectionLost(str(exc)) from exc
+        if _ops.needs_rollback(conn):
+            await conn.rollback()
+        raise
     except psycopg.Error:
         if _ops.needs_rollback(conn):
             await conn.rollback()
@@ -148,28 +154,21 @@ class AsyncTransport:
                 await self.ensure_ready(check_schema=check_schema)
             if pool is None:
                 return await self._run_single(operation)
-            retried = False
-            while True:
-                conn: psycopg.AsyncConnection[Any] | None = None
-                try:
-                    async with pool.connection() as conn:
-                        return await run(conn, operation)
-                except psycopg.OperationalError as exc:
-                    if retried or again is None or not _ops.lost(conn):
-                        raise
-                    # The connection died (server restart, pg_terminate_backend, a proxy
-                    # dropping idle links): its idle siblings likely too. Let the pool
-                    # test and replace them, then run the operation once more. The first
-                    # attempt may or may not have run; every retried operation is
-                    # idempotent.
-                    log.info("connection lost (%s); retrying once on a fresh one", exc)
-                    retried = True
-                    operation = again(*args)
-                    await pool.check()
+            attempts = _ops.attempts(operation, again, args)
+            return await drive_async(attempts, self._attempt, throws=_ops.ConnectionLost)
         except PoolClosed:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
+
+    async def _attempt(self, step: _ops.Operation[_T] | _ops.Retry) -> _T:
+        """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
+        assert self.pool is not None
+        if isinstance(step, _ops.Retry):
+            await self.pool.check()
+            step = step.operation
+        async with self.pool.connection() as conn:
+            return await run(conn, step)
 
     async def _run_single(self, operation: _ops.Operation[_T]) -> _T:
         assert self.conn is not None

@@ -21,7 +21,6 @@ reach the server in the order they were made, as the async provider's do.
 from __future__ import annotations
 
 import itertools
-import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -34,22 +33,13 @@ from psycopg_pool import ConnectionPool
 from leasekit import LeaseBackendTimeout
 from leasekit.backend import SyncDeadlines, drive
 
-from . import _ops
-from ._options import (
-    BACKEND,
-    CONNECT_ERRORS,
-    PoolSettings,
-    Settings,
-    check_client,
-    server_of,
-    where,
-)
+from . import _ops, _options
+from ._options import BACKEND, CONNECT_ERRORS, PoolSettings, Settings
 
 __all__ = ["BlockingTransport", "exchange", "own_pool", "run"]
 
 _T = TypeVar("_T")
 
-log = logging.getLogger("leasekit.postgres")
 _pool_numbers = itertools.count(1)
 
 
@@ -62,6 +52,12 @@ def exchange(conn: psycopg.Connection[Any], query: _ops.Query) -> Any:
         if query.reads == "rows":
             return cursor.fetchall()
         return cursor.fetchone()
+    except psycopg.OperationalError as exc:
+        if _ops.lost(conn):
+            raise _ops.ConnectionLost(str(exc)) from exc
+        if _ops.needs_rollback(conn):
+            conn.rollback()
+        raise
     except psycopg.Error:
         if _ops.needs_rollback(conn):
             conn.rollback()
@@ -90,7 +86,7 @@ class BlockingTransport:
     """A provider's blocking pool, and how one operation runs on it within ``timeout_s``."""
 
     def __init__(self, pool: ConnectionPool[Any], settings: Settings) -> None:
-        check_client(pool, ConnectionPool, None, expected="a psycopg_pool.ConnectionPool")
+        _options.check_client(pool, ConnectionPool, None, expected="a psycopg_pool.ConnectionPool")
         self.pool = pool
         self.settings = settings
         self.ready = False
@@ -100,8 +96,8 @@ class BlockingTransport:
         # statement may still sit in that (frozen) process's socket and run when it
         # wakes, after the caller went on: the next call on the key ends it first.
         self._abandoned: dict[str, int] = {}
-        self.server = server_of(pool.conninfo)
-        self.where = where(self.server, settings.table)
+        self.server = _options.server_of(pool.conninfo)
+        self.where = _options.where(self.server, settings.table)
 
     def run(
         self,
@@ -119,21 +115,16 @@ class BlockingTransport:
             self.ensure_ready()
         if self._abandoned and key is not None and key in self._abandoned:
             self._end_abandoned(key)
-        retried = False
-        while True:
-            conn: psycopg.Connection[Any] | None = None
-            try:
-                with self.pool.connection() as conn:
-                    return self._bounded(conn, operation, key)
-            except psycopg.OperationalError as exc:
-                if retried or again is None or not _ops.lost(conn):
-                    raise
-                # A dead connection (server restart, a proxy dropping idle links): let
-                # the pool replace it, run once more.
-                log.info("connection lost (%s); retrying once on a fresh one", exc)
-                retried = True
-                operation = again(*args)
-                self.pool.check()
+        attempts = _ops.attempts(operation, again, args)
+        return drive(attempts, partial(self._attempt, key), throws=_ops.ConnectionLost)
+
+    def _attempt(self, key: str | None, step: _ops.Operation[_T] | _ops.Retry) -> _T:
+        """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
+        if isinstance(step, _ops.Retry):
+            self.pool.check()
+            step = step.operation
+        with self.pool.connection() as conn:
+            return self._bounded(conn, step, key)
 
     def _end_abandoned(self, key: str) -> None:
         """End the server process that may still run a call abandoned on ``key``, or raise.

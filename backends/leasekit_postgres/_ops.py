@@ -13,12 +13,15 @@ Each public factory validates its arguments before it returns the generator, so 
 key raises :class:`~leasekit.InvalidLeaseArgument` before any I/O, whichever provider
 asked. Also here, as pure functions of what a transport sees: whether a failed
 statement left the connection in an aborted transaction (:func:`needs_rollback`) or
-lost it (:func:`lost`), and when to sweep (:class:`SweepSchedule`).
+lost it (:func:`lost`), the one retry on a fresh connection after a lost one
+(:func:`attempts`, which both transports drive), and when to sweep
+(:class:`SweepSchedule`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -33,10 +36,13 @@ from . import _sql
 from ._options import BACKEND, INSPECT_LIMIT
 
 __all__ = [
+    "ConnectionLost",
     "Operation",
     "Query",
+    "Retry",
     "SweepSchedule",
     "acquire",
+    "attempts",
     "end_process",
     "ensure_schema",
     "inspect",
@@ -56,6 +62,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+_log = logging.getLogger("leasekit.postgres")
 _DENIED_RETRIES = 3
 
 
@@ -345,6 +352,47 @@ def needs_rollback(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
 def lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
     """Whether an ``OperationalError`` on ``conn`` means the connection itself died."""
     return conn is not None and (conn.closed or conn.broken)
+
+
+class ConnectionLost(psycopg.OperationalError):
+    """The connection died under a statement (its cause is psycopg's error): the
+    statement may or may not have run. What a transport's ``exchange`` raises instead,
+    so that :func:`attempts` can tell it from a statement that failed on the server."""
+
+
+@dataclass(slots=True)
+class Retry:
+    """What :func:`attempts` asks a transport for the second time: test the pool's
+    idle connections (the lost one's siblings likely died too), then run ``operation``
+    on one."""
+
+    operation: Operation[Any]
+
+
+def attempts(
+    operation: Operation[_T],
+    again: Callable[..., Operation[_T]] | None,
+    args: tuple[Any, ...],
+) -> toolkit.Operation[Operation[_T] | Retry, _T]:
+    """The one retry policy: ``operation``; once more, as ``again(*args)``, if its
+    connection died (:class:`ConnectionLost`: a server restart, ``pg_terminate_backend``,
+    a proxy dropping idle links).
+
+    Yields the operation to run on a pooled connection (then a :class:`Retry`), and is
+    sent its result or thrown its :class:`ConnectionLost`. ``again`` is ``None`` for an
+    operation that may not run twice: a transfer that landed before the connection
+    died would answer False the second time; every operation retried is idempotent.
+    ``again`` and ``args`` come apart, not as a closure, which would cost a cell per
+    argument and a function object on every call.
+    """
+    try:
+        result: _T = yield operation
+    except ConnectionLost as exc:
+        if again is None:
+            raise
+        _log.info("connection lost (%s); retrying once on a fresh one", exc)
+        result = yield Retry(again(*args))
+    return result
 
 
 class SweepSchedule:
