@@ -105,6 +105,7 @@ class BlockingTransport:
         again: Callable[..., _ops.Operation[_T]] | None = None,
         args: tuple[Any, ...] = (),
         key: str | None = None,
+        check_schema: bool = True,
     ) -> _T:
         """Run ``operation``; if its connection died, ``again(*args)`` on a fresh one.
 
@@ -112,7 +113,7 @@ class BlockingTransport:
         ``again`` is ``None`` for an operation that may not run twice.
         """
         if not self.ready:
-            self.ensure_ready()
+            self.ensure_ready(check_schema=check_schema)
         if self._abandoned and key is not None and key in self._abandoned:
             self._end_abandoned(key)
         attempts = _ops.attempts(operation, again, args)
@@ -176,8 +177,9 @@ class BlockingTransport:
         finally:
             deadlines.close(watch)
 
-    def ensure_ready(self) -> None:
-        """Open the pool (first connection made directly) and check or create the schema."""
+    def ensure_ready(self, *, check_schema: bool = True) -> None:
+        """Open the pool (first connection made directly) and check or create the schema
+        (not for ``migrate``, ``check_schema=False``, which creates it)."""
         with self._ready_lock:
             if self.ready:
                 return
@@ -190,13 +192,16 @@ class BlockingTransport:
                     with CONNECT_ERRORS.mapping(where=self.where):
                         first = psycopg.Connection.connect(conninfo, **kwargs)
                     try:
-                        self._bounded(first, self._ensure_schema(), None)
+                        if check_schema:
+                            self._bounded(first, self._ensure_schema(), None)
+                            self.ready = True
                     finally:
                         first.close()
-                    self.ready = True
                 pool.open(wait=False)
                 if self.ready:
                     return
+            if not check_schema:
+                return
             with pool.connection() as conn:
                 self._bounded(conn, self._ensure_schema(), None)
             self.ready = True

@@ -419,10 +419,23 @@ class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
         args = (self._sql, key, owner, self._channel)
         self._send(_ops.release(*args), key, _ops.release, args, write=True)
 
+    def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Blocking :meth:`PostgresLeaseProvider.release_grant`."""
+        args = (self._sql, key, owner, token, self._channel)
+        self._send(_ops.release_grant(*args), key, _ops.release_grant, args, write=True)
+
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.renew_lease`."""
         args = (self._sql, key, owner, ttl_ms)
         return self._send(_ops.renew(*args), key, _ops.renew, args, write=True)
+
+    def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Blocking :meth:`PostgresLeaseProvider.renew_leases`: one statement for the batch."""
+        operation = _ops.renew_many(self._sql, items)
+        if not items:
+            return []
+        args = (self._sql, items)
+        return self._send(operation, items[0][0], _ops.renew_many, args, write=True)
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.transfer_lease` (not retried, as there)."""
@@ -431,7 +444,31 @@ class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
         )
         return self._send(operation, key, write=True)
 
+    def lease_remaining_ms(self, key: str) -> int | None:
+        """Blocking :meth:`PostgresLeaseProvider.lease_remaining_ms`."""
+        args = (self._sql, key)
+        return self._send(_ops.remaining(*args), key, _ops.remaining, args)
+
+    # -- beyond the contract ------------------------------------------------------------
+
+    def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """Blocking :meth:`PostgresLeaseProvider.inspect`."""
+        args = (self._sql, prefix, limit)
+        return self._send(_ops.inspect(*args), prefix, _ops.inspect, args)
+
+    def migrate(self) -> int:
+        """Blocking :meth:`PostgresLeaseProvider.migrate`."""
+        args = (self._sql,)
+        operation = _ops.migrate(*args)
+        version: int = self._call(self._io.run, operation, _ops.migrate, args, None, False)
+        self._io.ready = version == _sql.SCHEMA_VERSION
+        return version
+
     def sweep(self) -> int:
         """Delete one batch of rows expired more than ``sweep_grace_s`` ago; how many went."""
         args = (self._sql, self.sweep_grace_s, self.sweep_batch)
         return self._send(_ops.sweep(*args), None, _ops.sweep, args)
+
+    def row_count(self) -> int:
+        """Blocking :meth:`PostgresLeaseProvider.row_count`."""
+        return self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))

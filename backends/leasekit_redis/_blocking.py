@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from leasekit import InvalidLeaseArgument, LeaseBackendTimeout
 
-from . import _options
+from . import _keys, _options
 from ._ops import Command, ScriptCall
 
 __all__ = ["BlockingTransport", "RedisSyncClient", "build_client", "server_of"]
@@ -118,6 +118,12 @@ class BlockingTransport:
         """Hand borrowed connections back to redis-py's pool (the provider is closing)."""
         if self._connections is not None:
             self._connections.give_back()
+
+    def slot_groups(self, leases: list[bytes]) -> list[list[int]]:
+        """Indexes of ``leases`` grouped by cluster slot (one group on a single server)."""
+        client = self._client
+        keyslot = client.keyslot if isinstance(client, redis.RedisCluster) else None
+        return _keys.slot_groups(leases, keyslot)
 
 
 class _Connections:
