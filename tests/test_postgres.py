@@ -1290,6 +1290,45 @@ async def test_async_with_returns_once_the_pools_min_size_connections_are_open(
         await lazy.aclose()
 
 
+async def test_a_pool_that_cannot_fill_in_time_is_a_timeout_and_the_next_call_works(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """Opening waits for ``min_size`` connections within ``timeout_s`` only: past it the
+    call is a typed timeout, and the pool, still open, serves the next call."""
+    if os.environ.get("LEASEKIT_TEST_POSTGRES_URL"):
+        pytest.skip("needs the harness's own server (trust auth, a superuser)")
+    role = f"leasekit_few_{uuid.uuid4().hex[:8]}"
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as owner:
+        await owner.migrate()
+    schema = postgres_table.split(".", maxsplit=1)[0]
+    with admin(postgres_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(
+            sql.Identifier(role)
+        ))  # fmt: skip
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        ))  # fmt: skip
+        for suffix in ("", "_meta"):
+            conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                identifier(postgres_table + suffix), sql.Identifier(role)
+            ))  # fmt: skip
+    try:
+        parts = urlsplit(postgres_url)
+        app_url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        url = with_query(app_url, pool_min_size="3", timeout_s="1")
+        provider = PostgresLeaseProvider.from_url(url, table=postgres_table)
+        try:
+            with pytest.raises(leasekit.LeaseBackendTimeout, match="within 1 s"):
+                await provider.get_lease_owner("k")  # the third connection is refused
+            assert await provider.get_lease_owner("k") is None  # on the two it has
+            assert not provider.closed
+        finally:
+            await provider.aclose()
+    finally:
+        with admin(postgres_url) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+
+
 _RUN_WITHOUT_ACLOSE = """
 import asyncio, sys
 import leasekit

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from leasekit import LeaseBackendError, LeaseProviderClosed
 from leasekit.backend import drive_async
@@ -219,28 +219,15 @@ class AsyncTransport:
             self.ready = True
 
     async def _fill(self, pool: AsyncConnectionPool[Any]) -> None:
-        """Open the pool we built and wait, within ``timeout_s``, for its ``min_size``.
+        """Open the pool we built and wait for its ``min_size`` connections.
 
         Not left connecting in the background: a connection attempt that the end of
         the event loop (``asyncio.run()``) cancels midway hung in psycopg_pool's
-        reconnection attempts for its ``reconnect_timeout`` (300 s). A pool that does
-        not fill in time is closed by psycopg_pool and cannot be opened again: a new
-        one of the same settings takes its place for the next call, and this one
-        raises :class:`~leasekit.LeaseBackendTimeout`.
+        reconnection attempts for its ``reconnect_timeout`` (300 s). The wait is the
+        call's, so its deadline (``timeout_s``) cuts it off first: the call is then a
+        :class:`~leasekit.LeaseBackendTimeout` and the pool, open, goes on filling.
         """
-        try:
-            await pool.open(wait=True, timeout=self.settings.timeout_s)
-        except PoolTimeout:
-            self.client = self.pool = AsyncConnectionPool(
-                pool.conninfo,
-                kwargs=pool.kwargs,
-                min_size=pool.min_size,
-                max_size=pool.max_size,
-                timeout=pool.timeout,
-                name=f"leasekit-{next(_pool_numbers)}",
-                open=False,
-            )
-            raise
+        await pool.open(wait=True, timeout=self.settings.timeout_s)
 
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
