@@ -21,6 +21,7 @@ from servers import with_options
 from test_sync import backend_url
 
 import leasekit
+import leasekit.sync
 from leasekit import InvalidLeaseArgument, LeaseBackendError
 from leasekit.backend import LeaseRecord, sync_factory
 
@@ -187,3 +188,25 @@ def test_renew_leases_on_a_redis_cluster_sends_one_script_per_slot(
         assert answers == [True, False] * 4
     finally:
         leases.close()
+
+
+@pytest.mark.anyio
+async def test_the_suites_blocking_adapter_offers_the_extras_its_provider_has(
+    tmp_path: Path,
+) -> None:
+    """So the suite's checks of an extra run through the blocking driver too, when
+    a backend's test class hands it the native provider."""
+    from leasekit_contract import BlockingProviderAsAsync  # noqa: PLC0415
+
+    from leasekit.backend import SupportsInspect, SupportsRenewMany, supports  # noqa: PLC0415
+
+    async with BlockingProviderAsAsync(native(f"sqlite:///{tmp_path / 'x.db'}")) as wrapped:
+        assert supports(wrapped, SupportsRenewMany)
+        assert supports(wrapped, SupportsInspect)
+        assert (await wrapped.acquire_lease("k", "a", LONG_TTL_MS)).acquired
+        assert await wrapped.renew_leases([("k", "a", LONG_TTL_MS)]) == [True]  # type: ignore[attr-defined]
+        [record] = await wrapped.inspect("k", limit=5)  # type: ignore[attr-defined]
+        assert (record.key, record.owner) == ("k", "a")
+    facade = BlockingProviderAsAsync(leasekit.sync.connect("memory://"))
+    assert not supports(facade, SupportsRenewMany)  # the facade offers none of them
+    await facade.aclose()
