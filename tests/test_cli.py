@@ -65,6 +65,11 @@ def test_demo_on_memory_runs_tasks_in_one_process() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "tasks in one process" in run.stdout
     assert "verdict      OK" in run.stdout
+    # Before anything else, the demo says what it demonstrates, in one sentence.
+    second = run.stdout.splitlines()[1]
+    assert second.startswith("A lease is a key that one owner at a time holds")
+    assert second.count(". ") == 0
+    assert second.endswith(".")
 
 
 def test_demo_verdict_catches_a_provider_without_exclusion() -> None:

@@ -34,6 +34,12 @@ __all__ = ["COMMANDS", "lease_command"]
 
 # -- demo -----------------------------------------------------------------------------------
 
+LEASE_IN_ONE_SENTENCE = (
+    "A lease is a key that one owner at a time holds for a bounded time (its TTL): the "
+    "holder renews it while it works, the others are told who holds it, and if the "
+    "holder stops renewing, the key is free again when the TTL runs out."
+)
+
 
 async def _demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="leasekit-demo-") as tmp:
@@ -54,8 +60,8 @@ async def _demo(args: argparse.Namespace) -> int:
             print(
                 f"leasekit demo: {args.workers} workers ({mode}), {args.keys} keys, "
                 f"{args.seconds:g} s, TTL {args.ttl_ms} ms on {url}",
-                flush=True,
             )
+            print(LEASE_IN_ONE_SENTENCE, flush=True)
             if args.quiet:
                 report = await run_demo(provider, config)
             else:
