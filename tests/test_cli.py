@@ -391,3 +391,9 @@ def test_read_only_commands_pass_the_backends_read_only_options(
     # A backend without the attribute opens as it is (memory:// refuses unknown options).
     assert main(["owner", "memory://", "k"]) == 1
     assert "cannot list leases" in capsys.readouterr().err
+
+
+def test_the_readme_says_check_needs_the_test_extra() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    paragraph = next(p for p in readme.split("\n\n") if "`leasekit check URL`" in p)
+    assert "'.[test]'" in paragraph, paragraph
