@@ -127,6 +127,30 @@ def test_acquire_owner_transfer_renew_release_exit_codes(url: str) -> None:
     assert (free.returncode, free.stdout.strip()) == (1, "free")
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["acquire", "{url}", "", "a", "--ttl-ms", "1000"], "key"),
+        (["acquire", "{url}", "k", "", "--ttl-ms", "1000"], "owner"),
+        (["owner", "{url}", ""], "key"),
+        (["renew", "{url}", "", "a", "--ttl-ms", "1000"], "key"),
+        (["release", "{url}", "", "a"], "key"),
+        (["transfer", "{url}", "k", "", "b", "--ttl-ms", "1000"], "from_owner"),
+        (["transfer", "{url}", "k", "a", "", "--ttl-ms", "1000"], "to_owner"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_the_store_is_created(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "never.db"
+    code = main([part.format(url=f"sqlite:///{store}") for part in argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"leasekit: error: invalid {named}"), err
+    assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_json_output_is_machine_readable(url: str) -> None:
     first = json.loads(leasekit("acquire", url, "k", "a", "--ttl-ms", "60000", "--json").stdout)
     assert first == {"key": "k", "acquired": True, "owner": "a", "token": first["token"]}

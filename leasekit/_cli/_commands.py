@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import leasekit
 
-from .. import available_backends, connect
+from .. import available_backends, connect, validate_key, validate_owner, validate_ttl_ms
 from .._capabilities import capabilities_of
 from .._demo import DemoConfig, Views, run_demo
 from .._errors import LeaseBackendTimeout
@@ -109,7 +109,18 @@ def _for_reading(url: str) -> dict[str, Any]:
     return dict(declared) if isinstance(declared, Mapping) else {}
 
 
+def _validate_arguments(args: argparse.Namespace) -> None:
+    """Refuse a bad key, owner or TTL before opening the store (which may create it)."""
+    validate_key(args.key)
+    for name, argument in (("owner", "owner"), ("from", "from_owner"), ("to", "to_owner")):
+        if hasattr(args, name):
+            validate_owner(getattr(args, name), argument)
+    if hasattr(args, "ttl_ms"):
+        validate_ttl_ms(args.ttl_ms)
+
+
 async def lease_command(args: argparse.Namespace) -> int:
+    _validate_arguments(args)
     options = _for_reading(args.url) if args.command == "owner" else {}
     async with connect(args.url, **options) as provider:
         if args.command == "acquire":
