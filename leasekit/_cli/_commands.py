@@ -25,7 +25,12 @@ from .._capabilities import capabilities_of
 from .._demo import DemoConfig, Views, run_demo
 from .._errors import LeaseBackendTimeout
 from .._registry import scheme_of
-from ..backend._records import SupportsInspect, SupportsMigrate, supports
+from ..backend._records import (
+    SupportsInspect,
+    SupportsMigrate,
+    SupportsReleaseReport,
+    supports,
+)
 from ._demo_view import print_report, render
 from ._parser import EXIT_NO, EXIT_OK, UsageError
 
@@ -142,12 +147,26 @@ async def lease_command(args: argparse.Namespace) -> int:
             _emit(args, {"key": args.key, "renewed": renewed}, "renewed" if renewed else "not held")
             return EXIT_OK if renewed else EXIT_NO
         if args.command == "release":
-            await provider.release_lease(args.key, args.owner)
-            _emit(args, {"key": args.key, "released": True}, "released (if it was held)")
-            return EXIT_OK
+            return await _release(args, provider)
         moved = await provider.transfer_lease(args.key, getattr(args, "from"), args.to, args.ttl_ms)
         _emit(args, {"key": args.key, "transferred": moved}, "transferred" if moved else "not held")
         return EXIT_OK if moved else EXIT_NO
+
+
+async def _release(args: argparse.Namespace, provider: leasekit.LeaseProvider) -> int:
+    """Release; say whether it was released where the backend can tell, in the same step.
+
+    Exit 0 either way (releasing a key one does not hold is a no-op, not a failure);
+    ``released`` is ``null`` on a backend without ``release_if_held``.
+    """
+    if not supports(provider, SupportsReleaseReport):
+        await provider.release_lease(args.key, args.owner)
+        _emit(args, {"key": args.key, "released": None}, "released (if it was held)")
+        return EXIT_OK
+    released = await cast("SupportsReleaseReport", provider).release_if_held(args.key, args.owner)
+    text = "released" if released else f"not released: {args.owner} did not hold it"
+    _emit(args, {"key": args.key, "released": released}, text)
+    return EXIT_OK
 
 
 async def _inspect(args: argparse.Namespace) -> int:
