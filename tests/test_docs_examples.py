@@ -214,3 +214,13 @@ def test_election_page_prints_what_it_shows_on_memory_and_on_sqlite(
         code = code.replace('"memory://"', repr(f"sqlite:///{tmp_path / 'election.db'}"))
         assert "sqlite:///" in code
     assert run_python("-c", code, cwd=tmp_path) == shown
+
+
+def test_overview_names_every_in_tree_backend() -> None:
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "backends").glob("*.md"))
+    assert "backends/mysql.md" in pages
+    missing = [page for page in pages if f"]({page})" not in text]
+    assert not missing, f"docs/index.md does not link the backend pages {missing}"
+    (stores,) = [line for line in text.splitlines() if line.startswith("| stores |")]
+    assert "MySQL/MariaDB" in stores.split("|")[2]  # leasekit's column of the comparison
