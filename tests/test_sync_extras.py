@@ -1,6 +1,7 @@
 """The optional extras through each backend's native blocking provider.
 
-What the async providers offer beyond the contract (``release_grant``, batched
+What the async providers offer beyond the contract (``release_grant``,
+``release_if_held``, batched
 ``renew_leases``, ``lease_remaining_ms``, ``inspect``, ``sweep``, ``row_count``,
 ``migrate``), run on the blocking ones from the same operations: each backend where
 its async provider offers the extra, on a real server (or file). Facts are read back
@@ -77,6 +78,18 @@ def test_release_grant_ends_that_grant_only(leases: Any) -> None:
     assert leases.get_lease_owner(key) is None
     with pytest.raises(InvalidLeaseArgument, match="key"):
         leases.release_grant("", "a", first.token)
+
+
+@pytest.mark.parametrize("leases", RELEASE_GRANT, indirect=True)
+def test_release_if_held_says_whether_it_released(leases: Any) -> None:
+    key = fresh_key()
+    assert not leases.release_if_held(key, "a")  # free
+    assert leases.acquire_lease(key, "a", LONG_TTL_MS).acquired
+    assert not leases.release_if_held(key, "b")  # another owner's: untouched
+    assert leases.get_lease_owner(key) == "a"
+    assert leases.release_if_held(key, "a")
+    assert leases.get_lease_owner(key) is None
+    assert not leases.release_if_held(key, "a")
 
 
 @pytest.mark.parametrize("leases", RENEW_MANY, indirect=True)

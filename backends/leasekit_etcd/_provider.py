@@ -236,6 +236,10 @@ class EtcdLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._run(key, _ops.release(self._ctx, key, owner))
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        return await self._run(key, _ops.release(self._ctx, key, owner))
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
         await self._run(key, _ops.release_grant(self._ctx, key, owner, token))
@@ -368,6 +372,10 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
 
     def release_lease(self, key: str, owner: str) -> None:
         self._run(_ops.release(self._ctx, key, owner), key)
+
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`EtcdLeaseProvider.release_if_held`."""
+        return self._run(_ops.release(self._ctx, key, owner), key)
 
     def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token``."""

@@ -136,6 +136,10 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._write(_ops.release(key, owner), key)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        return await self._write(_ops.release(key, owner), key)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._write(_ops.renew(key, owner, ttl_ms), key)
 
@@ -235,6 +239,10 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
     def release_lease(self, key: str, owner: str) -> None:
         """Blocking :meth:`SQLiteLeaseProvider.release_lease`."""
         self._write(_ops.release(key, owner), key)
+
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`SQLiteLeaseProvider.release_if_held`."""
+        return self._write(_ops.release(key, owner), key)
 
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.renew_lease`."""

@@ -59,7 +59,13 @@ more than any check runs at the same time, so none waits for a thread."""
 
 _T = TypeVar("_T")
 
-FORWARDED_EXTRAS = ("release_grant", "renew_leases", "inspect", "lease_remaining_ms")
+FORWARDED_EXTRAS = (
+    "release_grant",
+    "release_if_held",
+    "renew_leases",
+    "inspect",
+    "lease_remaining_ms",
+)
 """The optional extras a blocking provider's wrapper offers when the provider has them."""
 
 
