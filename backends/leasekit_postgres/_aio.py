@@ -153,7 +153,20 @@ class AsyncTransport:
                 conn: psycopg.AsyncConnection[Any] | None = None
                 try:
                     async with pool.connection() as conn:
-                        return await run(conn, operation)
+                        try:
+                            return await run(conn, operation)
+                        except psycopg.errors.ReadOnlySqlTransaction:
+                            await conn.close()  # on a standby: the pool discards it
+                            raise
+                except psycopg.errors.ReadOnlySqlTransaction as exc:
+                    if retried or again is None:
+                        raise
+                    # The connection reached a standby (or a demoted primary): nothing
+                    # was written. Once more on a fresh connection, which libpq opens
+                    # on the primary (target_session_attrs=read-write).
+                    log.info("connection on a read-only server (%s); retrying once", exc)
+                    retried = True
+                    operation = again(*args)
                 except psycopg.OperationalError as exc:
                     if retried or again is None or not _ops.lost(conn):
                         raise
@@ -222,7 +235,10 @@ class AsyncTransport:
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Any]:

@@ -124,7 +124,19 @@ class BlockingTransport:
             conn: psycopg.Connection[Any] | None = None
             try:
                 with self.pool.connection() as conn:
-                    return self._bounded(conn, operation, key)
+                    try:
+                        return self._bounded(conn, operation, key)
+                    except psycopg.errors.ReadOnlySqlTransaction:
+                        conn.close()  # on a standby: the pool discards it
+                        raise
+            except psycopg.errors.ReadOnlySqlTransaction as exc:
+                if retried or again is None:
+                    raise
+                # On a standby (or a demoted primary): nothing was written. Once more on
+                # a fresh connection, which libpq opens on the primary.
+                log.info("connection on a read-only server (%s); retrying once", exc)
+                retried = True
+                operation = again(*args)
             except psycopg.OperationalError as exc:
                 if retried or again is None or not _ops.lost(conn):
                     raise
@@ -213,7 +225,10 @@ class BlockingTransport:
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "Query",
     "SweepSchedule",
     "acquire",
+    "check_synchronous_standby",
     "end_process",
     "ensure_schema",
     "inspect",
@@ -311,8 +312,16 @@ def migrate(sql: _sql.Statements) -> Operation[int]:
     return _sql.SCHEMA_VERSION if version is None else version
 
 
-def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operation[None]:
-    """Check the schema; create it if it is missing and ``create``; refuse a newer one."""
+def ensure_schema(
+    sql: _sql.Statements, table: str, *, create: bool, synchronous_commit: str | None = None
+) -> Operation[None]:
+    """Check the schema; create it if it is missing and ``create``; refuse a newer one.
+
+    With ``synchronous_commit``, first check that the session runs at that level and
+    that the server names a synchronous standby (:func:`check_synchronous_standby`).
+    """
+    if synchronous_commit is not None:
+        yield from check_synchronous_standby(synchronous_commit)
     version = yield from schema_version(sql)
     if version == _sql.SCHEMA_VERSION:
         return
@@ -329,6 +338,32 @@ def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operatio
             backend=BACKEND,
         )
     yield from create_schema(sql)
+
+
+def check_synchronous_standby(level: str) -> Operation[None]:
+    """Refuse to run unless commits wait for a synchronous standby at ``level``.
+
+    The session must run at ``synchronous_commit = level`` (``from_url`` sets it in the
+    connections' startup options; a caller's pool must set it itself), and the server's
+    ``synchronous_standby_names`` must name a standby: empty, every commit returns as
+    soon as it is flushed locally, and a failover could lose a grant.
+    """
+    session_level, standby_names = yield Query(_sql.REPLICATION_SETTINGS)
+    if not str(standby_names).strip():
+        raise LeaseBackendError(
+            f"synchronous_commit={level} asks for grants acknowledged by a synchronous "
+            "standby, but the server's synchronous_standby_names is empty, so no commit "
+            "waits for one; configure a synchronous standby on the primary, or leave "
+            "synchronous_commit unset",
+            backend=BACKEND,
+        )
+    if session_level != level:
+        raise LeaseBackendError(
+            f"synchronous_commit={level} was asked for, but the connections run with "
+            f"synchronous_commit={session_level}; give the pool's connections "
+            f"options='-c synchronous_commit={level}' (from_url does)",
+            backend=BACKEND,
+        )
 
 
 # -- what a transport reads off a connection --------------------------------------------------
