@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
@@ -124,6 +125,10 @@ class AsyncTransport:
         self.closing = False
         self.server = self._server()
         self.where = where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
 
     async def run(
         self,
@@ -153,11 +158,15 @@ class AsyncTransport:
                 conn: psycopg.AsyncConnection[Any] | None = None
                 try:
                     async with pool.connection() as conn:
+                        watch = None if self.watches is None else self._watch(conn)
                         try:
-                            return await run(conn, operation)
+                            result = await run(conn, operation)
                         except psycopg.errors.ReadOnlySqlTransaction:
                             await conn.close()  # on a standby: the pool discards it
                             raise
+                        if watch is not None:
+                            watch.check(self.where)
+                        return result
                 except psycopg.errors.ReadOnlySqlTransaction as exc:
                     if retried or again is None:
                         raise
@@ -191,7 +200,21 @@ class AsyncTransport:
             raise LeaseBackendError(
                 "the connection left autocommit mode; leasekit needs it on", backend=BACKEND
             )
-        return await run(self.conn, operation)
+        if self.watches is None:
+            return await run(self.conn, operation)
+        watch = self._watch(self.conn)
+        result = await run(self.conn, operation)
+        watch.check(self.where)
+        return result
+
+    def _watch(self, conn: psycopg.AsyncConnection[Any]) -> _ops.CommitWatch:
+        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use."""
+        assert self.watches is not None
+        watch = self.watches.get(conn)
+        if watch is None:
+            watch = self.watches[conn] = _ops.CommitWatch()
+            conn.add_notice_handler(watch.notice)
+        return watch
 
     async def open(self) -> None:
         """Connect and check the schema now (``async with``)."""

@@ -24,6 +24,7 @@ import itertools
 import logging
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -102,6 +103,19 @@ class BlockingTransport:
         self._abandoned: dict[str, int] = {}
         self.server = server_of(pool.conninfo)
         self.where = where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
+
+    def _watch(self, conn: psycopg.Connection[Any]) -> _ops.CommitWatch:
+        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use."""
+        assert self.watches is not None
+        watch = self.watches.get(conn)
+        if watch is None:
+            watch = self.watches[conn] = _ops.CommitWatch()
+            conn.add_notice_handler(watch.notice)
+        return watch
 
     def run(
         self,
@@ -124,11 +138,15 @@ class BlockingTransport:
             conn: psycopg.Connection[Any] | None = None
             try:
                 with self.pool.connection() as conn:
+                    watch = None if self.watches is None else self._watch(conn)
                     try:
-                        return self._bounded(conn, operation, key)
+                        result = self._bounded(conn, operation, key)
                     except psycopg.errors.ReadOnlySqlTransaction:
                         conn.close()  # on a standby: the pool discards it
                         raise
+                    if watch is not None:
+                        watch.check(self.where, key)
+                    return result
             except psycopg.errors.ReadOnlySqlTransaction as exc:
                 if retried or again is None:
                     raise

@@ -25,7 +25,14 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import psycopg.errors
 from psycopg import pq
 
-from leasekit import LeaseBackendError, LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from leasekit import (
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseResult,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
 from leasekit import backend as toolkit
 from leasekit.backend import LeaseRecord, RenewItem, check_renew_items
 
@@ -33,6 +40,7 @@ from . import _sql
 from ._options import BACKEND, INSPECT_LIMIT
 
 __all__ = [
+    "CommitWatch",
     "Operation",
     "Query",
     "SweepSchedule",
@@ -375,6 +383,40 @@ def needs_rollback(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     Only a connection outside autocommit mode (a caller's pool may hand out such) can be.
     """
     return not conn.broken and conn.info.transaction_status == pq.TransactionStatus.INERROR
+
+
+class CommitWatch:
+    """Notes, on one connection, a commit the standby never acknowledged.
+
+    With ``synchronous_commit``, a commit waits for the synchronous standby; when the
+    statement is cancelled meanwhile (``statement_timeout``: ``timeout_s``), PostgreSQL
+    stops waiting, keeps the commit on the primary, and answers as if all went well,
+    with a ``WARNING`` ("canceling wait for synchronous replication"). Installed as the
+    connection's notice handler (:meth:`notice`); :meth:`check` after each operation
+    turns such a warning into :class:`~leasekit.LeaseBackendTimeout`: the outcome is
+    unknown, as for any timeout. Any warning of the generic class ``01000`` counts,
+    whatever the server's language; leasekit's statements raise no other.
+    """
+
+    __slots__ = ("unconfirmed",)
+
+    def __init__(self) -> None:
+        self.unconfirmed = False
+
+    def notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000":
+            self.unconfirmed = True
+
+    def check(self, where: str, key: str | None = None) -> None:
+        """Raise if the last operation's commit went unacknowledged; forget it."""
+        if self.unconfirmed:
+            self.unconfirmed = False
+            raise LeaseBackendTimeout(
+                "the synchronous standby did not acknowledge the commit within timeout_s: "
+                f"it stands on the primary but may be lost in a failover{where}",
+                backend=BACKEND,
+                key=key,
+            )
 
 
 def lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
