@@ -49,6 +49,7 @@ __all__ = [
     "ERRORS",
     "INSPECT_LIMIT",
     "PROVIDER_OPTIONS",
+    "URL_FORMS",
     "URL_OPTIONS",
     "PoolSettings",
     "Settings",
@@ -65,6 +66,11 @@ __all__ = [
 
 BACKEND = "postgresql"
 SCHEMES = ("postgresql", "postgres")
+URL_FORMS = (
+    "postgresql://h1:5432,h2:5432/db (primary and standbys: the writable one is used)",
+    "?synchronous_commit=on (grants acknowledged by a synchronous standby)",
+)
+"""What ``leasekit backends`` shows beside the plain URL."""
 
 CAPABILITIES = Capabilities(
     atomic_transfer=True,
@@ -145,6 +151,7 @@ def _check_synchronous_commit(level: str) -> str:
             level,
         )
     return level
+
 
 _PROVIDER = (
     _TABLE,
@@ -310,8 +317,8 @@ def server_of(conninfo: object) -> str:
         params = conninfo_to_dict(conninfo)
     except (psycopg.Error, ValueError):
         return ""
-    hosts = params.get("host", "localhost").split(",")
-    ports = params.get("port", "5432").split(",")
+    hosts = str(params.get("host") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
     if len(ports) == 1:  # one port for every host
         ports *= len(hosts)
     endpoints = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False))
@@ -389,8 +396,8 @@ def pool_settings(url: object, overrides: Mapping[str, object]) -> PoolSettings:
         # Also a startup option: every commit of leasekit's sessions waits for the standby.
         startup.append(f"-c synchronous_commit={options['synchronous_commit']}")
     if startup:
-        params["options"] = " ".join([params.get("options", ""), *startup]).strip()
-    if "," in params.get("host", "") and "target_session_attrs" not in params:
+        params["options"] = " ".join([str(params.get("options") or ""), *startup]).strip()
+    if "," in str(params.get("host") or "") and "target_session_attrs" not in params:
         # Several hosts (a primary and its standbys): connect only to the one that
         # accepts writes, whichever it is now. libpq's default would take the first
         # that answers, a standby included.

@@ -42,6 +42,7 @@ from ._options import (
     BACKEND,
     CAPABILITIES,
     ERRORS,
+    URL_FORMS,
     SettingsAttributes,
     describe,
     pool_settings,
@@ -92,6 +93,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
     backend: ClassVar[str] = BACKEND
     capabilities: Capabilities = CAPABILITIES
     errors: ClassVar[ErrorMap] = ERRORS
+    url_forms: ClassVar[tuple[str, ...]] = URL_FORMS
 
     def __init__(
         self,
