@@ -2,6 +2,7 @@
 fencing tokens that went back, per replication mode.
 
     python benchmarks/failover_postgres.py [--failovers 10] [--keys 50] [--modes ...]
+    python benchmarks/failover_postgres.py --latency 1000
 
 Starts a primary and a streaming standby with the test harness (``tests/servers.py``,
 :class:`PostgresReplicatedPair`) for each mode:
@@ -22,8 +23,9 @@ then one more grant of the key to a new owner, whose token must exceed every tok
 issued for that key before (if not, a **token regression**). A new standby is then
 built from the new primary (``pg_basebackup``) on the old primary's port. Before the
 failovers, the median latency of an acquire (and of a release) is measured, 200 of
-each: what the synchronous standby adds. Exit status 1 on any token regression, or on
-a lost grant in ``sync`` mode.
+each. ``--latency N`` measures only what a synchronous standby adds: an asynchronous
+and a synchronous pair at once, N acquires on each in turn. Exit status 1 on any token
+regression, or on a lost grant in ``sync`` mode.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402 (after the harness's path)
-from servers import PostgresReplicatedPair, PostgresServer  # noqa: E402
-
 from leasekit_postgres import PostgresLeaseProvider  # noqa: E402
+from servers import PostgresReplicatedPair, PostgresServer  # noqa: E402
 
 MODES = ("async", "async-behind", "sync")
 HOLD_MS = 60_000
@@ -120,10 +121,10 @@ async def one_failover(
     pair: PostgresReplicatedPair,
     provider: PostgresLeaseProvider,
     keys: list[str],
-    holders: dict[str, str],
-    highest: dict[str, int],
     tally: Tally,
     *,
+    holders: dict[str, str],
+    highest: dict[str, int],
     behind: bool,
 ) -> None:
     """A burst of grants, the primary killed, the standby promoted, every key checked."""
@@ -148,11 +149,10 @@ async def one_failover(
     tally.grants += len(keys)
     pair.fail_over()
     promoted = time.monotonic()
-    owners = []
-    for key in keys:  # reads only: a synchronous primary has no standby to wait for yet
-        owners.append(await provider.get_lease_owner(key))
-        if len(owners) == 1:
-            tally.reconnect_s.append(time.monotonic() - promoted)
+    # Reads only: a synchronous primary has no standby to wait for yet.
+    owners = [await provider.get_lease_owner(keys[0])]
+    tally.reconnect_s.append(time.monotonic() - promoted)
+    owners += [await provider.get_lease_owner(key) for key in keys[1:]]
     lost = 0
     for key, holder in zip(keys, owners, strict=True):
         if holder != holders[key]:
@@ -184,9 +184,52 @@ async def run_mode(mode: str, binary: str, workdir: Path, failovers: int, keys: 
             highest: dict[str, int] = {}
             for _ in range(failovers):
                 await one_failover(
-                    pair, provider, names, holders, highest, tally, behind=mode == "async-behind"
+                    pair,
+                    provider,
+                    names,
+                    tally,
+                    holders=holders,
+                    highest=highest,
+                    behind=mode == "async-behind",
                 )
     return tally
+
+
+async def interleaved_latency(binary: str, workdir: Path, samples: int) -> str:
+    """What a synchronous standby adds, measured fairly on a busy machine.
+
+    An asynchronous and a synchronous pair at once, one acquire (then one release) on
+    each in turn, so both see the same load; medians and 90th percentiles.
+    """
+    with (
+        PostgresReplicatedPair(binary, workdir / "lat-async") as plain,
+        PostgresReplicatedPair(binary, workdir / "lat-sync", synchronous=True) as synced,
+    ):
+        providers = {
+            "async": PostgresLeaseProvider.from_url(plain.url),
+            "sync (synchronous_commit=on)": PostgresLeaseProvider.from_url(
+                synced.url, synchronous_commit="on"
+            ),
+            "sync (synchronous_commit=remote_apply)": PostgresLeaseProvider.from_url(
+                synced.url, synchronous_commit="remote_apply", table="leases_apply"
+            ),
+        }
+        times: dict[str, list[float]] = {name: [] for name in providers}
+        for provider in providers.values():
+            await provider.acquire_lease("warm", "o", HOLD_MS)
+        for i in range(samples):
+            for name, provider in providers.items():
+                started = time.perf_counter()
+                await provider.acquire_lease("latency", f"o{i}", HOLD_MS)
+                times[name].append(time.perf_counter() - started)
+                await provider.release_lease("latency", f"o{i}")
+        for provider in providers.values():
+            await provider.aclose()
+    lines = ["| replication | acquire p50 | acquire p90 |", "|---|---:|---:|"]
+    for name, values in times.items():
+        cuts = statistics.quantiles(values, n=10)
+        lines.append(f"| {name} | {cuts[4] * 1000:.2f} ms | {cuts[8] * 1000:.2f} ms |")
+    return "\n".join(lines)
 
 
 def table(tallies: list[Tally]) -> str:
@@ -194,11 +237,11 @@ def table(tallies: list[Tally]) -> str:
         "| replication | failovers | grants lost | token regressions | acquire p50 | release p50 |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for t in tallies:
-        lines.append(
-            f"| {t.mode} | {t.failovers} | {t.lost} of {t.grants} | {t.regressions} | "
-            f"{t.acquire_ms:.2f} ms | {t.release_ms:.2f} ms |"
-        )
+    lines += [
+        f"| {t.mode} | {t.failovers} | {t.lost} of {t.grants} | {t.regressions} | "
+        f"{t.acquire_ms:.2f} ms | {t.release_ms:.2f} ms |"
+        for t in tallies
+    ]
     return "\n".join(lines)
 
 
@@ -207,11 +250,22 @@ def main() -> int:
     parser.add_argument("--failovers", type=int, default=10)
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--latency",
+        type=int,
+        metavar="N",
+        default=0,
+        help="only measure acquire latency, N samples per mode, interleaved",
+    )
     args = parser.parse_args()
     binary = PostgresServer.find()
     if binary is None:
         print("PostgreSQL is not installed (apt-get install postgresql)", file=sys.stderr)
         return 2
+    if args.latency:
+        with tempfile.TemporaryDirectory(prefix="leasekit-failover-") as workdir:
+            print(asyncio.run(interleaved_latency(binary, Path(workdir), args.latency)))
+        return 0
     tallies = []
     with tempfile.TemporaryDirectory(prefix="leasekit-failover-") as workdir:
         for mode in args.modes:
@@ -219,8 +273,9 @@ def main() -> int:
             tally = asyncio.run(run_mode(mode, binary, Path(workdir), args.failovers, args.keys))
             tallies.append(tally)
             print(
-                f"{mode}: lost per failover {tally.lost_per_failover}, first call after "
-                f"promotion answered in {max(tally.reconnect_s):.2f} s at most "
+                f"{mode}: lost per failover {tally.lost_per_failover}, "
+                f"{tally.regressions} token regressions, first call after "
+                f"promotion answered in {max(tally.reconnect_s, default=0):.2f} s at most "
                 f"({time.monotonic() - started:.0f} s)",
                 flush=True,
             )

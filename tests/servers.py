@@ -974,9 +974,7 @@ class PostgresReplicatedPair:
         settings = {"wal_level": "replica", "max_wal_senders": "5"}
         if synchronous:
             settings["synchronous_standby_names"] = "standby1"
-        self.primary = PostgresServer(
-            binary, self.workdir / "primary", extra_settings=settings
-        )
+        self.primary = PostgresServer(binary, self.workdir / "primary", extra_settings=settings)
         self.binary = binary
         self.generation = 0
         self.standby = PostgresStandby(binary, self.workdir / "standby0", self.primary)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +156,9 @@ def test_the_blocking_provider_refuses_too(postgres_url: str, postgres_table: st
     with pytest.raises(leasekit.LeaseBackendError, match="no commit waits"):
         provider.acquire_lease("k", "a", LONG_MS)
     provider.close()
-    with pytest.raises(leasekit.LeaseBackendError, match="no commit waits"):
-        with leasekit.sync.connect(url):
-            pass
+    refused = pytest.raises(leasekit.LeaseBackendError, match="no commit waits")
+    with refused, leasekit.sync.connect(url):
+        pass
 
 
 # -- tokens after a promotion ----------------------------------------------------------------
@@ -212,8 +213,10 @@ async def test_tokens_never_go_back_after_a_lagging_standby_is_promoted(
         await asyncio.sleep(0.002)
         after_k = await provider.acquire_lease("k", "after", LONG_MS)  # a takeover
         after_new = await provider.acquire_lease("new", "after", LONG_MS)  # an insert
-    assert after_k.acquired and after_new.acquired
-    assert after_k.token is not None and after_new.token is not None
+    assert after_k.acquired
+    assert after_new.acquired
+    assert after_k.token is not None
+    assert after_new.token is not None
     assert after_k.token > issued["k"], (after_k.token, issued["k"])
     assert after_new.token > issued["new"], (after_new.token, issued["new"])
     assert max(after_k.token, after_new.token) <= BIGINT_MAX
@@ -231,7 +234,8 @@ async def test_tokens_are_unique_across_keys_and_increase_per_key(
         moved = await provider.transfer_lease("k0", "a", "b", LONG_MS)
         assert moved
         again = await provider.acquire_lease("k0", "b", LONG_MS)
-    assert again.token is not None and results[0].token is not None
+    assert again.token is not None
+    assert results[0].token is not None
     assert again.token > results[0].token
 
 
@@ -244,16 +248,16 @@ async def test_a_version_1_table_is_migrated_and_its_tokens_go_on_increasing(
     with admin(postgres_url) as conn:
         conn.execute(sql.SQL("UPDATE {} SET value = 1").format(meta))
         # A sequence-drawn token of leasekit 1, above the clock part nothing: just large.
-        conn.execute(
-            sql.SQL("UPDATE {} SET token = 41").format(identifier(postgres_table))
-        )
+        conn.execute(sql.SQL("UPDATE {} SET token = 41").format(identifier(postgres_table)))
     async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as provider:
         await asyncio.sleep(0.002)
         new = await provider.acquire_lease("k", "b", LONG_MS)
     with admin(postgres_url) as conn:
         version = conn.execute(sql.SQL("SELECT value FROM {}").format(meta)).fetchone()
     assert version == (2,)
-    assert old.token is not None and new.token is not None and new.token > 41
+    assert old.token is not None
+    assert new.token is not None
+    assert new.token > 41
 
 
 # -- a connection on a read-only server --------------------------------------------------------
@@ -333,9 +337,9 @@ def test_the_blocking_provider_on_a_multi_host_url_whose_first_host_is_down(
 def test_a_multi_host_url_with_no_live_host_is_unreachable_within_the_timeout() -> None:
     first, second = dead_host(), dead_host()
     url = f"postgresql://postgres@{first},{second}/postgres?timeout_s=2"
-    with pytest.raises(leasekit.LeaseBackendUnreachable, match=f"server {first},{second}/"):
-        with leasekit.sync.connect(url):
-            pass
+    unreachable = pytest.raises(leasekit.LeaseBackendUnreachable, match=f"server {first},{second}/")
+    with unreachable, leasekit.sync.connect(url):
+        pass
     provider = PostgresLeaseProvider.sync_from_url(url)
     with pytest.raises(leasekit.LeaseBackendUnreachable, match="refused"):
         provider.acquire_lease("k", "a", LONG_MS)
@@ -349,7 +353,8 @@ def failover_bench() -> Any:
     """``benchmarks/failover_postgres.py`` as a module: the tests run its failovers."""
     path = ROOT / "benchmarks" / "failover_postgres.py"
     spec = importlib.util.spec_from_file_location("failover_postgres", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["failover_postgres"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -383,19 +388,77 @@ def test_failovers_lose_no_token_and_with_a_synchronous_standby_no_grant(
         assert tally.lost_per_failover == [40, 40]
 
 
+def cancel_when_waiting_for_the_standby(url: str) -> None:
+    """``pg_cancel_backend`` the session whose commit waits for the synchronous standby."""
+    with admin(url) as conn:
+        deadline = time.monotonic() + 10
+        while True:
+            row = conn.execute(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            ).fetchone()
+            if row is not None:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("no session waited for the synchronous standby")
+            time.sleep(0.02)
+
+
 @pytest.mark.slow
-def test_a_callers_pool_without_the_level_is_refused_on_a_synchronous_pair(
+def test_on_a_synchronous_pair_a_callers_pool_needs_the_level_and_an_unacknowledged_commit_fails(
     tmp_path: Path,
 ) -> None:
+    """One pair (about 10 s): the level check, then commits the standby never acknowledges.
+
+    With the standby gone, a commit waits for it (statement_timeout does not cover that
+    wait): the call ends at timeout_s. Cancelled meanwhile (``pg_cancel_backend``),
+    PostgreSQL answers "acquired" with a warning, the commit kept on the primary alone:
+    the provider reports the unknown outcome instead.
+    """
     binary = PostgresServer.find()
     if binary is None:
         missing_server("PostgreSQL is not installed", PostgresServer.install_hint)
-    with PostgresReplicatedPair(binary, tmp_path, synchronous=True) as pair:
-        with ConnectionPool(pair.url, kwargs={"autocommit": True}, open=True) as pool:
-            provider = PostgresSyncLeaseProvider(pool, synchronous_commit="remote_apply")
-            with pytest.raises(leasekit.LeaseBackendError, match="run with synchronous_commit=on"):
-                provider.acquire_lease("k", "a", LONG_MS)
-            provider.close()
-            accepted = PostgresSyncLeaseProvider(pool, synchronous_commit="on")
-            assert accepted.acquire_lease("k", "a", LONG_MS).acquired
-            accepted.close()
+    pair = PostgresReplicatedPair(binary, tmp_path, synchronous=True)
+    level_on = {"autocommit": True, "options": "-c synchronous_commit=on"}
+    with (
+        pair,
+        ConnectionPool(pair.url, kwargs={"autocommit": True}, open=True) as pool,
+        ConnectionPool(pair.url, kwargs=level_on, open=True) as level_on_pool,
+    ):
+        provider = PostgresSyncLeaseProvider(pool, synchronous_commit="remote_apply")
+        with pytest.raises(leasekit.LeaseBackendError, match="run with synchronous_commit=on"):
+            provider.acquire_lease("k", "a", LONG_MS)
+        provider.close()
+        accepted = PostgresSyncLeaseProvider(
+            level_on_pool, synchronous_commit="on", timeout_s=1.0, sweep_grace_s=60
+        )
+        assert accepted.acquire_lease("k", "a", LONG_MS).acquired
+        pair.standby.kill()
+        with pytest.raises(leasekit.LeaseBackendTimeout, match="no answer within 1 s"):
+            accepted.acquire_lease("k1", "b", LONG_MS)
+        accepted.close()
+        with admin(pair.primary.url) as conn:  # the abandoned call's session waits still
+            conn.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE wait_event = 'SyncRep'"
+            )
+        patient = PostgresSyncLeaseProvider(level_on_pool, synchronous_commit="on", timeout_s=30)
+        canceller = threading.Thread(
+            target=cancel_when_waiting_for_the_standby, args=(pair.primary.url,)
+        )
+        canceller.start()
+        try:
+            with pytest.raises(leasekit.LeaseBackendTimeout, match="did not acknowledge"):
+                patient.acquire_lease("k2", "b", LONG_MS)
+        finally:
+            canceller.join()
+        # It stands on the primary (a read waits for no standby): the outcome was unknown.
+        assert patient.get_lease_owner("k2") == "b"
+        patient.close()
+
+
+def test_leasekit_backends_names_the_multi_host_url() -> None:
+    infos = {info.scheme: info for info in leasekit.available_backends(check=True)}
+    forms = infos["postgresql"].url_forms
+    assert any("h1:5432,h2:5432" in form for form in forms)
+    assert any("synchronous_commit" in form for form in forms)
+    assert infos["memory"].url_forms == ()

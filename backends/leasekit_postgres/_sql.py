@@ -20,7 +20,7 @@ commit and then re-evaluates its ``WHERE`` against the row as the first left it
 (READ COMMITTED's re-check), so no decision is ever made on a stale row.
 
 **Fencing tokens** are ``server clock in microseconds * 1000 + nextval(seq) % 1000``
-(:data:`_FRESH_TOKEN`), and a grant that replaces a row (a takeover by ``ON CONFLICT DO
+(:data:`_NEW_FENCE`), and a grant that replaces a row (a takeover by ``ON CONFLICT DO
 UPDATE``, a transfer) takes ``GREATEST(previous token + 1, that)`` under the row lock:
 strictly increasing per key whatever the clock does. The clock part is what keeps
 tokens from going back after a failover: a standby promoted after it missed the last
@@ -112,7 +112,7 @@ _EXPIRES_IN = "clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'"
 
 # A new token: the server's clock in microseconds, times 1000, plus the sequence's next
 # value modulo 1000 (see the module docstring). extract(epoch ...) is numeric, exact.
-_FRESH_TOKEN = (
+_NEW_FENCE = (
     "(floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000"
     " + mod(nextval({seq_regclass}), 1000))"
 )
@@ -138,7 +138,7 @@ class Statements:
             "expiry_index": table.expiry_index,
             "expires_in": sql.SQL(_EXPIRES_IN),
         }
-        names["fresh_token"] = sql.SQL(_FRESH_TOKEN).format(seq_regclass=names["seq_regclass"])
+        names["fresh_token"] = sql.SQL(_NEW_FENCE).format(seq_regclass=names["seq_regclass"])
 
         def compose(text: str) -> bytes:
             used = {k: v for k, v in names.items() if f"{{{k}}}" in text}
