@@ -43,6 +43,7 @@ from ._options import (
     CAPABILITIES,
     ERRORS,
     URL_FORMS,
+    Settings,
     SettingsAttributes,
     describe,
     pool_settings,
@@ -57,7 +58,24 @@ PostgresClient: TypeAlias = AsyncClient
 _T = TypeVar("_T")
 
 
-class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
+class _PostgresProvider(SettingsAttributes):
+    """What both providers declare, and the settings they keep (their options, read-only)."""
+
+    backend: ClassVar[str] = BACKEND
+    capabilities: Capabilities = CAPABILITIES
+    errors: ClassVar[ErrorMap] = ERRORS
+    url_forms: ClassVar[tuple[str, ...]] = URL_FORMS
+
+    def _adopt(self, settings: Settings) -> None:
+        self._settings = settings
+        self._sql = settings.statements
+        self._channel = settings.channel
+        if not settings.notifications:
+            self.capabilities = settings.capabilities
+        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+
+
+class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
     """Leases in a PostgreSQL table: one conditional statement per operation.
 
     Pass your own ``psycopg_pool.AsyncConnectionPool`` or ``psycopg.AsyncConnection``
@@ -90,11 +108,6 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
     ``close_client=True`` to have :meth:`aclose` close it too.
     """
 
-    backend: ClassVar[str] = BACKEND
-    capabilities: Capabilities = CAPABILITIES
-    errors: ClassVar[ErrorMap] = ERRORS
-    url_forms: ClassVar[tuple[str, ...]] = URL_FORMS
-
     def __init__(
         self,
         client: PostgresClient,
@@ -123,12 +136,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         )
         self._io = AsyncTransport(client, settings, owns_client=bool(close_client))
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
-        self._settings = settings
-        self._sql = settings.statements
-        self._channel = settings.channel
-        if not settings.notifications:
-            self.capabilities = settings.capabilities
-        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+        self._adopt(settings)
         self._sweeper: asyncio.Task[Any] | None = None
         # Release notifications: pg_notify from the releasing statement, one LISTEN
         # connection per provider outside the pool (see _notify).
@@ -339,7 +347,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         return await self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))
 
 
-class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
+class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
     """Leases in PostgreSQL from blocking code: the async provider's operations on psycopg's pool.
 
     Safe to share between threads. Made by ``leasekit.sync.connect("postgresql://...")``
@@ -350,20 +358,11 @@ class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
     releases and transfers notify the async provider's waiters.
     """
 
-    backend: ClassVar[str] = BACKEND
-    capabilities: Capabilities = CAPABILITIES
-    errors: ClassVar[ErrorMap] = ERRORS
-
     def __init__(self, pool: ConnectionPool[Any], *, close_client: bool = False, **options: Any):
         settings = provider_settings(options)
         self._io = BlockingTransport(pool, settings)
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
-        self._settings = settings
-        self._sql = settings.statements
-        self._channel = settings.channel
-        if not settings.notifications:
-            self.capabilities = settings.capabilities
-        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+        self._adopt(settings)
 
     @property
     def client(self) -> ConnectionPool[Any]:

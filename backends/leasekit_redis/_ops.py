@@ -128,17 +128,23 @@ def _raw(value: bytes | str) -> bytes:
 # -- the contract -----------------------------------------------------------------------
 
 
-def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
-    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+def _owned_for(
+    ctx: OpContext, script: _lua.Script, key: str, owner: str, ttl_ms: int
+) -> ScriptCall:
+    """``script`` on ``key`` for ``owner`` and ``ttl_ms`` (ACQUIRE, RENEW), arguments checked."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.ACQUIRE,
+    return ScriptCall(
+        script,
         _names(ctx.raw_prefix, key),
         (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
     )
-    return _acquire(ctx, call, key, owner)
+
+
+def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
+    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+    return _acquire(ctx, _owned_for(ctx, _lua.ACQUIRE, key, owner, ttl_ms), key, owner)
 
 
 def _acquire(
@@ -201,15 +207,7 @@ def _ignore(request: Request) -> Operation[Request, None]:
 
 def renew(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, bool]:
     """``RENEW`` of ``owner``'s lease on ``key``: True when it took effect."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.RENEW,
-        _names(ctx.raw_prefix, key),
-        (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
-    )
-    return _flag(call)
+    return _flag(_owned_for(ctx, _lua.RENEW, key, owner, ttl_ms))
 
 
 def transfer(
