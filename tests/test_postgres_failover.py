@@ -407,7 +407,8 @@ def cancel_when_waiting_for_the_standby(url: str) -> None:
 def test_on_a_synchronous_pair_a_callers_pool_needs_the_level_and_an_unacknowledged_commit_fails(
     tmp_path: Path,
 ) -> None:
-    """One pair (about 10 s): the level check, then commits the standby never acknowledges.
+    """One pair (about 10 s): the level check, a failover under the blocking provider, then
+    commits the standby never acknowledges.
 
     With the standby gone, a commit waits for it (statement_timeout does not cover that
     wait): the call ends at timeout_s. Cancelled meanwhile (``pg_cancel_backend``),
@@ -431,7 +432,19 @@ def test_on_a_synchronous_pair_a_callers_pool_needs_the_level_and_an_unacknowled
         accepted = PostgresSyncLeaseProvider(
             level_on_pool, synchronous_commit="on", timeout_s=1.0, sweep_grace_s=60
         )
-        assert accepted.acquire_lease("k", "a", LONG_MS).acquired
+        first = accepted.acquire_lease("k", "a", LONG_MS)
+        assert first.acquired
+        assert first.token is not None
+        # The blocking provider through a failover: the grant survived (the standby had
+        # it), the first call after the promotion finds the new primary, and once a new
+        # standby is there, writes go on with a greater token.
+        pair.fail_over()
+        assert accepted.get_lease_owner("k") == "a"
+        pair.rebuild()
+        accepted.release_lease("k", "a")
+        second = accepted.acquire_lease("k", "b", LONG_MS)
+        assert second.token is not None
+        assert second.token > first.token
         pair.standby.kill()
         with pytest.raises(leasekit.LeaseBackendTimeout, match="no answer within 1 s"):
             accepted.acquire_lease("k1", "b", LONG_MS)
