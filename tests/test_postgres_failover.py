@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -332,6 +334,38 @@ def test_the_blocking_provider_on_a_multi_host_url_whose_first_host_is_down(
         assert provider.get_lease_owner("k") == "a"
         provider.release_lease("k", "a")
         assert provider.get_lease_owner("k") is None
+
+
+def test_a_multi_host_provider_works_in_a_forked_child(
+    postgres_url: str, postgres_table: str
+) -> None:
+    url = with_query(multi_host(postgres_url, dead_host()), table=postgres_table)
+    with leasekit.sync.connect(url) as provider:
+        assert provider.acquire_lease("parent", "p", LONG_MS).acquired
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork() in a process with threads: that is the point.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+            code = 1
+            try:
+                if provider.acquire_lease("child", "c", LONG_MS).acquired:
+                    code = 0 if provider.get_lease_owner("parent") == "p" else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child hung")
+            time.sleep(0.02)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert provider.get_lease_owner("child") == "c"
+        assert provider.acquire_lease("parent", "p", LONG_MS).acquired  # still usable
 
 
 def test_a_multi_host_url_with_no_live_host_is_unreachable_within_the_timeout() -> None:
