@@ -24,6 +24,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -42,6 +43,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import PostgresLeaseProvider, PostgresSyncLeaseProvider
+from leasekit_postgres._ops import CommitWatch
 from leasekit_postgres._options import pool_settings
 
 pytestmark = pytest.mark.anyio
@@ -128,6 +130,17 @@ def test_a_synchronous_commit_level_that_waits_for_no_standby_is_refused(level: 
 def test_synchronous_commit_must_be_text() -> None:
     with pytest.raises(leasekit.InvalidLeaseArgument, match="synchronous_commit"):
         pool_settings("postgresql://app@db/app", {"synchronous_commit": True})
+
+
+def test_a_commit_watch_turns_only_a_generic_warning_into_an_unknown_outcome() -> None:
+    watch = CommitWatch()
+    watch.notice(SimpleNamespace(severity_nonlocalized="NOTICE", sqlstate="00000"))
+    watch.notice(SimpleNamespace(severity_nonlocalized="WARNING", sqlstate="25P01"))
+    watch.check(" (server s)")  # neither counts
+    watch.notice(SimpleNamespace(severity_nonlocalized="WARNING", sqlstate="01000"))
+    with pytest.raises(leasekit.LeaseBackendTimeout, match=r"did not acknowledge.*\(server s\)"):
+        watch.check(" (server s)", "k")
+    watch.check(" (server s)")  # reported once
 
 
 # -- the refusal without a synchronous standby -----------------------------------------------

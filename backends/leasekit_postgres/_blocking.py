@@ -109,12 +109,15 @@ class BlockingTransport:
         )
 
     def _watch(self, conn: psycopg.Connection[Any]) -> _ops.CommitWatch:
-        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use."""
+        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use,
+        cleared for the operation about to run (a warning some other statement on the
+        connection drew is not this operation's)."""
         assert self.watches is not None
         watch = self.watches.get(conn)
         if watch is None:
             watch = self.watches[conn] = _ops.CommitWatch()
             conn.add_notice_handler(watch.notice)
+        watch.unconfirmed = False
         return watch
 
     def run(
