@@ -4,7 +4,7 @@ The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            key bytea PRIMARY KEY, owner bytea, token bigint,
                                expires_at timestamptz (index leasekit_leases_expires_at)
-    leasekit_leases_token_seq  the sequence every fencing token is drawn from
+    leasekit_leases_token_seq  the sequence every fencing token's last three digits come from
     leasekit_leases_meta       name text PRIMARY KEY, value bigint: 'schema_version'
 
 Keys and owners are UTF-8 ``bytea``: ``text`` cannot hold NUL, and bytes compare and
