@@ -262,7 +262,7 @@ async def test_a_version_1_table_is_migrated_and_its_tokens_go_on_increasing(
     meta = identifier(f"{postgres_table}_meta")
     with admin(postgres_url) as conn:
         conn.execute(sql.SQL("UPDATE {} SET value = 1").format(meta))
-        # A sequence-drawn token of leasekit 1, above the clock part nothing: just large.
+        # A token as leasekit 1 drew it, from the sequence alone: small.
         conn.execute(sql.SQL("UPDATE {} SET token = 41").format(identifier(postgres_table)))
     async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as provider:
         await asyncio.sleep(0.002)
