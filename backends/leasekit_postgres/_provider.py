@@ -245,6 +245,15 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         args = (self._sql, key, owner, self._channel)
         await self._send(_ops.release(*args), key, _ops.release, args, write=True)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``).
+
+        Not retried on a lost connection, unlike ``release_lease``: a release that
+        landed before the connection died would answer False the second time.
+        """
+        operation = _ops.release(self._sql, key, owner, self._channel)
+        return await self._send(operation, key, write=True)
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
 

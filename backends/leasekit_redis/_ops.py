@@ -182,14 +182,14 @@ def _owner(ctx: OpContext, command: Command, key: str) -> Operation[Request, str
         raise _garbled(ctx, key, exc) from exc
 
 
-def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, None]:
-    """``RELEASE`` of ``owner``'s lease on ``key``; the reply carries nothing to read."""
+def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, bool]:
+    """``RELEASE`` of ``owner``'s lease on ``key``: True when it took effect."""
     validate_key(key)
     validate_owner(owner)
     call = ScriptCall(
         _lua.RELEASE, (_keys.lease_name(ctx.raw_prefix, key),), (owner.encode(), ctx.publish)
     )
-    return _ignore(call)
+    return _flag(call)
 
 
 def release_grant(ctx: OpContext, key: str, owner: str, token: int) -> Operation[Request, None]:
@@ -233,7 +233,7 @@ def transfer(
 
 
 def _flag(request: Request) -> Operation[Request, bool]:
-    # RENEW and TRANSFER answer 1 when they took effect, else 0.
+    # RELEASE, RENEW and TRANSFER answer 1 when they took effect, else 0.
     reply = yield request
     return bool(reply == 1)
 
