@@ -1,3 +1,4 @@
+# A module over 500 lines: one backend feature (replication) tested end to end, fast and slow.
 """The PostgreSQL backend with replication: multi-host URLs, a synchronous standby, and
 fencing tokens that never go back after a promotion (issue 24).
 
