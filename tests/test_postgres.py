@@ -362,7 +362,7 @@ async def test_first_use_creates_table_sequence_index_and_meta(
         ("token", "bigint"),
         ("expires_at", "timestamp with time zone"),
     ]
-    assert version == (1,)
+    assert version == (2,)
 
 
 async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
@@ -374,8 +374,8 @@ async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_
     with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
         await provider.acquire_lease("k", "a", LONG_MS)
     assert relation_kinds(postgres_url, postgres_table) == {}
-    assert await provider.migrate() == 1
-    assert await provider.migrate() == 1  # idempotent
+    assert await provider.migrate() == 2
+    assert await provider.migrate() == 2  # idempotent
     await exercise_every_operation(provider, "k")
     await provider.aclose()
 

@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
@@ -130,6 +131,10 @@ class AsyncTransport:
         self.closing = False
         self.server = self._server()
         self.where = where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
 
     async def run(
         self,
@@ -155,7 +160,7 @@ class AsyncTransport:
             if pool is None:
                 return await self._run_single(operation)
             attempts = _ops.attempts(operation, again, args)
-            return await drive_async(attempts, self._attempt, throws=_ops.ConnectionLost)
+            return await drive_async(attempts, self._attempt, throws=_ops.RETRIED)
         except PoolClosed:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None
@@ -168,7 +173,15 @@ class AsyncTransport:
             await self.pool.check()
             step = step.operation
         async with self.pool.connection() as conn:
-            return await run(conn, step)
+            watch = None if self.watches is None else self._watch(conn)
+            try:
+                result = await run(conn, step)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                await conn.close()  # on a standby: the pool discards it
+                raise
+            if watch is not None:
+                watch.check(self.where)
+            return result
 
     async def _run_single(self, operation: _ops.Operation[_T]) -> _T:
         assert self.conn is not None
@@ -177,7 +190,24 @@ class AsyncTransport:
             raise LeaseBackendError(
                 "the connection left autocommit mode; leasekit needs it on", backend=BACKEND
             )
-        return await run(self.conn, operation)
+        if self.watches is None:
+            return await run(self.conn, operation)
+        watch = self._watch(self.conn)
+        result = await run(self.conn, operation)
+        watch.check(self.where)
+        return result
+
+    def _watch(self, conn: psycopg.AsyncConnection[Any]) -> _ops.CommitWatch:
+        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use,
+        cleared for the operation about to run (a warning some other statement on the
+        connection drew is not this operation's)."""
+        assert self.watches is not None
+        watch = self.watches.get(conn)
+        if watch is None:
+            watch = self.watches[conn] = _ops.CommitWatch()
+            conn.add_notice_handler(watch.notice)
+        watch.unconfirmed = False
+        return watch
 
     async def open(self) -> None:
         """Connect and check the schema now (``async with``)."""
@@ -232,7 +262,10 @@ class AsyncTransport:
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -98,6 +99,22 @@ class BlockingTransport:
         self._abandoned: dict[str, int] = {}
         self.server = _options.server_of(pool.conninfo)
         self.where = _options.where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
+
+    def _watch(self, conn: psycopg.Connection[Any]) -> _ops.CommitWatch:
+        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use,
+        cleared for the operation about to run (a warning some other statement on the
+        connection drew is not this operation's)."""
+        assert self.watches is not None
+        watch = self.watches.get(conn)
+        if watch is None:
+            watch = self.watches[conn] = _ops.CommitWatch()
+            conn.add_notice_handler(watch.notice)
+        watch.unconfirmed = False
+        return watch
 
     def run(
         self,
@@ -117,7 +134,7 @@ class BlockingTransport:
         if self._abandoned and key is not None and key in self._abandoned:
             self._end_abandoned(key)
         attempts = _ops.attempts(operation, again, args)
-        return drive(attempts, partial(self._attempt, key), throws=_ops.ConnectionLost)
+        return drive(attempts, partial(self._attempt, key), throws=_ops.RETRIED)
 
     def _attempt(self, key: str | None, step: _ops.Operation[_T] | _ops.Retry) -> _T:
         """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
@@ -125,7 +142,15 @@ class BlockingTransport:
             self.pool.check()
             step = step.operation
         with self.pool.connection() as conn:
-            return self._bounded(conn, step, key)
+            watch = None if self.watches is None else self._watch(conn)
+            try:
+                result = self._bounded(conn, step, key)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                conn.close()  # on a standby: the pool discards it
+                raise
+            if watch is not None:
+                watch.check(self.where, key)
+            return result
 
     def _end_abandoned(self, key: str) -> None:
         """End the server process that may still run a call abandoned on ``key``, or raise.
@@ -209,7 +234,10 @@ class BlockingTransport:
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     def close(self) -> None:

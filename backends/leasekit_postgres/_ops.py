@@ -28,7 +28,14 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import psycopg.errors
 from psycopg import pq
 
-from leasekit import LeaseBackendError, LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from leasekit import (
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseResult,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
 from leasekit import backend as toolkit
 from leasekit.backend import LeaseRecord, RenewItem, check_renew_items
 
@@ -36,6 +43,8 @@ from . import _sql
 from ._options import BACKEND, INSPECT_LIMIT
 
 __all__ = [
+    "RETRIED",
+    "CommitWatch",
     "ConnectionLost",
     "Operation",
     "Query",
@@ -43,6 +52,7 @@ __all__ = [
     "SweepSchedule",
     "acquire",
     "attempts",
+    "check_synchronous_standby",
     "end_process",
     "ensure_schema",
     "inspect",
@@ -318,8 +328,16 @@ def migrate(sql: _sql.Statements) -> Operation[int]:
     return _sql.SCHEMA_VERSION if version is None else version
 
 
-def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operation[None]:
-    """Check the schema; create it if it is missing and ``create``; refuse a newer one."""
+def ensure_schema(
+    sql: _sql.Statements, table: str, *, create: bool, synchronous_commit: str | None = None
+) -> Operation[None]:
+    """Check the schema; create it if it is missing and ``create``; refuse a newer one.
+
+    With ``synchronous_commit``, first check that the session runs at that level and
+    that the server names a synchronous standby (:func:`check_synchronous_standby`).
+    """
+    if synchronous_commit is not None:
+        yield from check_synchronous_standby(synchronous_commit)
     version = yield from schema_version(sql)
     if version == _sql.SCHEMA_VERSION:
         return
@@ -338,6 +356,32 @@ def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operatio
     yield from create_schema(sql)
 
 
+def check_synchronous_standby(level: str) -> Operation[None]:
+    """Refuse to run unless commits wait for a synchronous standby at ``level``.
+
+    The session must run at ``synchronous_commit = level`` (``from_url`` sets it in the
+    connections' startup options; a caller's pool must set it itself), and the server's
+    ``synchronous_standby_names`` must name a standby: empty, every commit returns as
+    soon as it is flushed locally, and a failover could lose a grant.
+    """
+    session_level, standby_names = yield Query(_sql.REPLICATION_SETTINGS)
+    if not str(standby_names).strip():
+        raise LeaseBackendError(
+            f"synchronous_commit={level} asks for grants acknowledged by a synchronous "
+            "standby, but the server's synchronous_standby_names is empty, so no commit "
+            "waits for one; configure a synchronous standby on the primary, or leave "
+            "synchronous_commit unset",
+            backend=BACKEND,
+        )
+    if session_level != level:
+        raise LeaseBackendError(
+            f"synchronous_commit={level} was asked for, but the connections run with "
+            f"synchronous_commit={session_level}; give the pool's connections "
+            f"options='-c synchronous_commit={level}' (from_url does)",
+            backend=BACKEND,
+        )
+
+
 # -- what a transport reads off a connection --------------------------------------------------
 
 
@@ -347,6 +391,40 @@ def needs_rollback(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     Only a connection outside autocommit mode (a caller's pool may hand out such) can be.
     """
     return not conn.broken and conn.info.transaction_status == pq.TransactionStatus.INERROR
+
+
+class CommitWatch:
+    """Notes, on one connection, a commit the standby never acknowledged.
+
+    With ``synchronous_commit``, a commit waits for the synchronous standby; when the
+    statement is cancelled meanwhile (``statement_timeout``: ``timeout_s``), PostgreSQL
+    stops waiting, keeps the commit on the primary, and answers as if all went well,
+    with a ``WARNING`` ("canceling wait for synchronous replication"). Installed as the
+    connection's notice handler (:meth:`notice`); :meth:`check` after each operation
+    turns such a warning into :class:`~leasekit.LeaseBackendTimeout`: the outcome is
+    unknown, as for any timeout. Any warning of the generic class ``01000`` counts,
+    whatever the server's language; leasekit's statements raise no other.
+    """
+
+    __slots__ = ("unconfirmed",)
+
+    def __init__(self) -> None:
+        self.unconfirmed = False
+
+    def notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000":
+            self.unconfirmed = True
+
+    def check(self, where: str, key: str | None = None) -> None:
+        """Raise if the last operation's commit went unacknowledged; forget it."""
+        if self.unconfirmed:
+            self.unconfirmed = False
+            raise LeaseBackendTimeout(
+                "the synchronous standby did not acknowledge the commit within timeout_s: "
+                f"it stands on the primary but may be lost in a failover{where}",
+                backend=BACKEND,
+                key=key,
+            )
 
 
 def lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
@@ -392,7 +470,19 @@ def attempts(
             raise
         _log.info("connection lost (%s); retrying once on a fresh one", exc)
         result = yield Retry(again(*args))
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        if again is None:
+            raise
+        # The connection reached a standby (or a demoted primary), which the transport
+        # closed: nothing was written. Once more on a fresh connection, which libpq opens
+        # on the primary (target_session_attrs=read-write).
+        _log.info("connection on a read-only server (%s); retrying once", exc)
+        result = yield Retry(again(*args))
     return result
+
+
+RETRIED = (ConnectionLost, psycopg.errors.ReadOnlySqlTransaction)
+"""What a transport throws into :func:`attempts`: the failures it may retry."""
 
 
 class SweepSchedule:

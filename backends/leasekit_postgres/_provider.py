@@ -42,6 +42,7 @@ from ._options import (
     BACKEND,
     CAPABILITIES,
     ERRORS,
+    URL_FORMS,
     Settings,
     SettingsAttributes,
     describe,
@@ -63,6 +64,7 @@ class _PostgresProvider(SettingsAttributes):
     backend: ClassVar[str] = BACKEND
     capabilities: Capabilities = CAPABILITIES
     errors: ClassVar[ErrorMap] = ERRORS
+    url_forms: ClassVar[tuple[str, ...]] = URL_FORMS
 
     def _adopt(self, settings: Settings) -> None:
         self._settings = settings
@@ -93,8 +95,15 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
       (0: never by itself) a background statement deletes up to ``sweep_batch`` rows
       that expired more than ``sweep_grace_s`` ago (default 600, longer than
       ``timeout_s``).
+    - ``synchronous_commit`` (default unset: the server's setting) is ``remote_write``,
+      ``on`` or ``remote_apply``: a grant is acknowledged only once a synchronous standby
+      has it at that level. The provider refuses to start
+      (:class:`~leasekit.LeaseBackendError`) unless its sessions run at that level
+      (``from_url`` sets it; a caller's pool sets ``options='-c synchronous_commit=...'``)
+      and the server's ``synchronous_standby_names`` names a standby.
 
-    Fencing tokens come from a sequence and survive restarts; the table is persistent.
+    Fencing tokens carry the server's clock (they never go back, a failover included)
+    and survive restarts; the table is persistent.
     A caller's pool or connection is used as it is (open it first); pass
     ``close_client=True`` to have :meth:`aclose` close it too.
     """
@@ -110,10 +119,12 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         sweep_batch: int = 1000,
         sweep_grace_s: float = 600.0,
         notifications: bool = True,
+        synchronous_commit: str | None = None,
         close_client: bool = False,
     ) -> None:
         settings = provider_settings(
             {
+                "synchronous_commit": synchronous_commit,
                 "table": table,
                 "timeout_s": timeout_s,
                 "create_schema": create_schema,
