@@ -71,7 +71,7 @@ def test_posargs_reach_pytest_and_nothing_else(
         session = RecordingSession(ARGS)
         sessions[name](session)
         ran[name] = session.runs
-    assert ran["tests"] == [("pytest", "-n", "auto", *ARGS)]
+    assert ran["tests"] == [("pytest", "-n", "auto", "--dist", "worksteal", *ARGS)]
     for name in ("lint", "types", "docs"):
         for command in ran[name]:
             assert not set(ARGS) & set(command), f"nox -s {name} passed posargs to {command}"
