@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, BinaryIO, ClassVar, NoReturn, TypeVar
@@ -662,16 +662,64 @@ def _unprivileged_account(
     )
 
 
+_TEMPLATES: dict[tuple[str, ...], Path] = {}
+"""Initialized data directories, one per tool and account, that this process copies."""
+_TEMPLATES_PID = os.getpid()
+
+
+@atexit.register
+def _remove_templates() -> None:
+    if os.getpid() == _TEMPLATES_PID:  # never a forked child's exit
+        for template in _TEMPLATES.values():
+            shutil.rmtree(template, ignore_errors=True)
+
+
 class DataDirServer(ServerProcess):
     """A server whose data directory is created (``_initialize``) before its first start.
 
     A first start that fails leaves no data dir behind; a restart keeps its data.
+    The initializing tool (``initdb``, ``mariadb-install-db``: seconds each, mostly
+    waiting) runs once per process into a template; every server then starts on a copy
+    of it (``cp -a``, ownership and modes kept), as fresh as its own run of the tool.
     """
 
     data_dir: Path | None = None
+    account: tuple[int, int] | None = None
 
     def _initialize(self) -> Path:
         raise NotImplementedError
+
+    def _copy_template(
+        self, key: tuple[str, ...], target: Path, build: Callable[[Path], None]
+    ) -> None:
+        """Fill the empty directory ``target`` with a copy of what ``build(dir)`` makes.
+
+        ``build`` runs once per ``key`` in this process, into a temp dir owned by the
+        server's account; the template is removed when the process exits.
+        """
+        key = (*key, repr(self.account))
+        template = _TEMPLATES.get(key)
+        if template is None or not template.is_dir():
+            template = Path(tempfile.mkdtemp(prefix=f"leasekit-{self.name}-template-"))
+            if self.account is not None:
+                os.chown(template, *self.account)
+            try:
+                build(template)
+            except BaseException:
+                shutil.rmtree(template, ignore_errors=True)
+                raise
+            _TEMPLATES[key] = template
+        copied = subprocess.run(
+            ["cp", "-a", f"{template}/.", str(target)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+        if copied.returncode != 0:
+            raise ServerStartError(
+                f"copying the {self.name} data directory template {template} failed: "
+                f"{copied.stderr.decode(errors='replace').strip()}"
+            )
 
     def start(self) -> None:
         fresh = self.data_dir is None
@@ -738,6 +786,10 @@ class PostgresServer(DataDirServer):
     def _initialize(self) -> Path:
         data_dir = self._make_data_dir()
         self.data_dir = data_dir
+        self._copy_template(("initdb", self.initdb_binary), data_dir, self._initdb)
+        return data_dir
+
+    def _initdb(self, data_dir: Path) -> None:
         with self.log_path.open("ab") as log:
             done = subprocess.run(
                 [
@@ -758,7 +810,6 @@ class PostgresServer(DataDirServer):
             )  # fmt: skip
         if done.returncode != 0:
             raise ServerStartError(f"initdb exited with code {done.returncode}\n{self.log_tail()}")
-        return data_dir
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None
@@ -1328,6 +1379,10 @@ class MariaDBServer(DataDirServer):
         if self.account is not None:
             os.chown(data_dir, *self.account)
         self.data_dir = data_dir
+        self._copy_template(("install-db", self.install_db_binary), data_dir, self._install_db)
+        return data_dir
+
+    def _install_db(self, data_dir: Path) -> None:
         with self.log_path.open("ab") as log:
             done = subprocess.run(
                 [
@@ -1354,7 +1409,6 @@ class MariaDBServer(DataDirServer):
             raise ServerStartError(
                 f"mariadb-install-db exited with code {done.returncode}\n{self.log_tail()}"
             )
-        return data_dir
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None
