@@ -301,26 +301,29 @@ class LeasekitDriver(
         self, group_id: bytes, member_id: bytes
     ) -> coordination.CoordinatorResult[coordination.Capabilities | None]:
         group = _keys.encode_id(group_id, "group_id")
-        key = self._keys.member(group, _keys.encode_id(member_id, "member_id"))
+        member = _keys.encode_id(member_id, "member_id")
+        return self._submit(self._capabilities, group_id, member_id, group, member)
 
-        def capabilities() -> coordination.Capabilities | None:
-            owner = self.facade.get_lease_owner(key)
-            if owner is None:
-                if not self._group_exists(group):
-                    raise coordination.GroupNotCreated(group_id)
-                raise coordination.MemberNotJoined(group_id, member_id)
-            caps: coordination.Capabilities | None = _keys.decode_member_owner(owner).capabilities
-            return caps
-
-        return self._submit(capabilities)
+    def _capabilities(
+        self, group_id: bytes, member_id: bytes, group: str, member: str
+    ) -> coordination.Capabilities | None:
+        owner = self.facade.get_lease_owner(self._keys.member(group, member))
+        if owner is None:
+            if not self._group_exists(group):
+                raise coordination.GroupNotCreated(group_id)
+            raise coordination.MemberNotJoined(group_id, member_id)
+        caps: coordination.Capabilities | None = _keys.decode_member_owner(owner).capabilities
+        return caps
 
     def get_member_info(
         self, group_id: bytes, member_id: bytes
     ) -> coordination.CoordinatorResult[dict[str, Any]]:
-        caps = self.get_member_capabilities(group_id, member_id)
+        """The member's capabilities, as ``{"capabilities": ...}`` (no statistics are kept)."""
+        group = _keys.encode_id(group_id, "group_id")
+        member = _keys.encode_id(member_id, "member_id")
 
         def info() -> dict[str, Any]:
-            return {"capabilities": caps.get()}
+            return {"capabilities": self._capabilities(group_id, member_id, group, member)}
 
         return self._submit(info)
 
