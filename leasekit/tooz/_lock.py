@@ -6,7 +6,7 @@ import math
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import tooz
 from tooz import locking
@@ -14,11 +14,28 @@ from tooz import locking
 from .. import sync as leasekit_sync
 from .._errors import InvalidLeaseArgument, LeaseHeld
 from ._errors import translated
+from ._options import ToozSettings
 
-if TYPE_CHECKING:
-    from ._driver import LeasekitDriver
+__all__ = ["LeasekitLock", "LockHost", "wait_seconds"]
 
-__all__ = ["LeasekitLock", "wait_seconds"]
+
+class LockHost(Protocol):
+    """What a lock needs of its coordinator (the driver), which keeps its held locks."""
+
+    @property
+    def facade(self) -> leasekit_sync.SyncLeaseProvider: ...
+
+    settings: ToozSettings
+
+    def lock_owner(self, member: str, instance: str) -> str: ...
+
+    def lock_acquired(self, lock: LeasekitLock) -> None: ...
+
+    def lock_released(self, lock: LeasekitLock) -> None: ...
+
+    def release_if_held(self, key: str, owner: str) -> bool: ...
+
+    def break_lease(self, key: str) -> bool: ...
 
 
 def wait_seconds(blocking: object, timeout: object) -> float | None:
@@ -58,7 +75,7 @@ class LeasekitLock(locking.Lock):
     has them. Shared locks are not supported (``tooz.NotImplemented``).
     """
 
-    def __init__(self, name: bytes, driver: LeasekitDriver, key: str, owner_member: str) -> None:
+    def __init__(self, name: bytes, driver: LockHost, key: str, owner_member: str) -> None:
         super().__init__(name)
         self._driver = driver
         self._key = key
