@@ -14,13 +14,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from servers import free_port
+from servers import RedisServer, free_port
 
 tooz_coordination = pytest.importorskip("tooz.coordination", reason="needs leasekit[tooz]")
 
@@ -286,30 +288,86 @@ def test_stop_releases_locks_and_leadership(sqlite_url: str) -> None:
         other.stop()
 
 
-def _child_takes_the_lock(url: str) -> None:
-    coordinator = started(url)
-    try:
-        taken = coordinator.get_lock(b"forked").acquire(blocking=False)
-    finally:
-        coordinator.stop()
-    os._exit(0 if taken else 1)
+def _in_child(check: Callable[[], bool]) -> int:
+    """Run ``check`` in a forked child: its exit code (0: true, 1: false, 2: it raised)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 2
+        try:
+            code = 0 if check() else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def test_a_coordinator_in_a_forked_child_excludes_the_parent(sqlite_url: str) -> None:
+    def fresh_coordinator_takes_it() -> bool:
+        coordinator = started(sqlite_url)
+        try:
+            return bool(coordinator.get_lock(b"forked").acquire(blocking=False))
+        finally:
+            coordinator.stop()
+
     parent = started(sqlite_url)
     try:
         lock = parent.get_lock(b"forked")
         assert lock.acquire()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            _child_takes_the_lock(sqlite_url)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 1  # the parent holds it
+        assert _in_child(fresh_coordinator_takes_it) == 1  # the parent holds it
         assert lock.release()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            _child_takes_the_lock(sqlite_url)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _in_child(fresh_coordinator_takes_it) == 0
     finally:
         parent.stop()
+
+
+def test_a_started_coordinator_forked_leaves_the_parents_holdings_alone(sqlite_url: str) -> None:
+    parent = started(sqlite_url, b"parent")
+    try:
+        parent.create_group(b"g").get()
+        parent.join_group(b"g").get()
+        lock = parent.get_lock(b"held")
+        assert lock.acquire()
+        parent.watch_elected_as_leader(b"g", lambda event: None)
+        parent.run_watchers()
+
+        def child() -> bool:
+            # The parent's lock object is not held here; the parent still holds the
+            # lease; group calls run (a new executor); stop() leaves what the parent holds.
+            assert not lock.release()
+            assert not parent.get_lock(b"held").acquire(blocking=False)
+            assert parent.get_members(b"g").get() == {b"parent"}
+            assert not parent.stand_down_group_leader(b"g")
+            parent.stop()
+            return True
+
+        assert _in_child(child) == 0
+        assert lock.is_still_owner()
+        assert parent.get_members(b"g").get() == {b"parent"}
+        assert parent.get_leader(b"g").get() == b"parent"
+        assert lock.release()
+    finally:
+        parent.stop()
+
+
+def test_a_stalled_store_is_a_tooz_connection_error_within_its_timeout(
+    private_redis_server: RedisServer,
+) -> None:
+    url = tooz_url(private_redis_server.url, timeout_s="1")
+    coordinator = started(url)
+    try:
+        coordinator.create_group(b"g").get()
+        lock = coordinator.get_lock(b"l")
+        private_redis_server.pause()
+        try:
+            with pytest.raises(tooz_coordination.ToozConnectionError):
+                lock.acquire(blocking=False)
+            with pytest.raises(tooz_coordination.ToozConnectionError):
+                coordinator.get_members(b"g").get()
+        finally:
+            private_redis_server.resume()
+        assert lock.acquire(blocking=False)  # the store is back
+        assert lock.release()
+    finally:
+        coordinator.stop()

@@ -24,7 +24,7 @@ from tooz import utils as tooz_utils
 
 from .. import sync as leasekit_sync
 from .._contract import MAX_TTL_MS
-from ..backend import LeaseRecord
+from ..backend import LeaseRecord, keep_forever, on_fork_in_child
 from . import _keys
 from ._errors import translated
 from ._lock import LeasekitLock
@@ -84,6 +84,25 @@ class LeasekitDriver(
         self._member_owners: dict[bytes, str] = {}
         self._leading: set[bytes] = set()
         self._acquired_locks: set[LeasekitLock] = set()
+        on_fork_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the parent's memberships, leaderships and locks stay its own.
+
+        The child gets a session of its own (so nothing it does renews, releases or
+        leaves what the parent holds: its stop() leaves no group of the parent's) and
+        a fresh executor (the parent's worker thread does not exist here); the facade
+        rebuilds its own connections. No I/O, no waiting.
+        """
+        self._session = uuid.uuid4().hex
+        self._member_owners = {}
+        self._leading = set()
+        self._acquired_locks = set()
+        self._joined_groups = set()
+        executor = self._executor
+        if executor.started and executor.executor is not None:
+            keep_forever(executor.executor)
+            executor.executor = executor.default_executor_factory()
 
     def _connect(self) -> leasekit_sync.SyncLeaseProvider:
         return leasekit_sync.connect(

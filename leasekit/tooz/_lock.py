@@ -13,6 +13,7 @@ from tooz import locking
 
 from .. import sync as leasekit_sync
 from .._errors import InvalidLeaseArgument, LeaseHeld
+from ..backend import on_fork_in_child
 from ._errors import translated
 from ._options import ToozSettings
 
@@ -83,6 +84,12 @@ class LeasekitLock(locking.Lock):
         self._instance = uuid.uuid4().hex
         self._local = threading.Lock()
         self._owner: str | None = None
+        on_fork_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child the lock is not held (a copy held in the parent is the parent's)."""
+        self._local = threading.Lock()
+        self._owner = None
 
     @property
     def acquired(self) -> bool:
