@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 import traceback
 import uuid
 import xml.etree.ElementTree as ET
@@ -25,6 +27,8 @@ import pytest
 from servers import RedisServer, free_port
 
 tooz_coordination = pytest.importorskip("tooz.coordination", reason="needs leasekit[tooz]")
+
+import tooz  # noqa: E402
 
 import leasekit  # noqa: E402 (after the importorskip of tooz)
 import leasekit.sync  # noqa: E402
@@ -371,3 +375,31 @@ def test_a_stalled_store_is_a_tooz_connection_error_within_its_timeout(
         assert lock.release()
     finally:
         coordinator.stop()
+
+
+def test_stop_ends_a_blocking_acquire_waiting_in_another_thread(sqlite_url: str) -> None:
+    holder, waiter = started(sqlite_url), started(sqlite_url)
+    try:
+        assert holder.get_lock(b"busy").acquire()
+        outcome: list[object] = []
+        waiting = waiter.get_lock(b"busy")
+        thread = threading.Thread(target=lambda: outcome.append(_outcome(waiting.acquire)))
+        thread.start()
+        # The waiter is blocked in the store's wait (its facade's loop thread runs it).
+        while not any(t.name == "leasekit-tooz sqlite" for t in threading.enumerate()):
+            time.sleep(0.01)
+        waiter.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], tooz.ToozError)
+        assert holder.get_lock(b"busy").acquire(blocking=False) is False  # still the holder's
+    finally:
+        holder.stop()
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except Exception as exc:
+        return exc
