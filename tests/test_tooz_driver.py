@@ -403,3 +403,27 @@ def _outcome(call: Callable[[], object]) -> object:
         return call()
     except Exception as exc:
         return exc
+
+
+def test_a_lapsed_session_leaving_never_boots_out_the_one_that_rejoined(sqlite_url: str) -> None:
+    lapsed = started(sqlite_url + "?timeout=0.2", b"same")
+    rejoined = started(sqlite_url, b"same")
+    try:
+        lapsed.create_group(b"g").get()
+        lapsed.join_group(b"g").get()
+        while lapsed.get_members(b"g").get():  # no heartbeat: the membership expires
+            time.sleep(0.05)
+        rejoined.join_group(b"g").get()
+        with pytest.raises(tooz_coordination.MemberNotJoined):
+            lapsed.leave_group(b"g").get()
+        assert rejoined.get_members(b"g").get() == {b"same"}
+        # A session that never joined may still leave for the member id (tooz's rule).
+        bystander = started(sqlite_url, b"same")
+        try:
+            bystander.leave_group(b"g").get()
+        finally:
+            bystander.stop()
+        assert rejoined.get_members(b"g").get() == set()
+    finally:
+        lapsed.stop()
+        rejoined.stop()

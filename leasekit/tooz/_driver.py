@@ -241,6 +241,7 @@ class LeasekitDriver(
                 raise coordination.GroupNotEmpty(group_id)
             if not self.break_lease(self._keys.group(group)):
                 raise coordination.GroupNotCreated(group_id)
+            self.break_lease(self._keys.leader(group))  # a group created anew starts leaderless
 
         return self._submit(delete)
 
@@ -281,10 +282,13 @@ class LeasekitDriver(
         gid = _keys.to_bytes(group_id)
 
         def leave() -> None:
-            # Any session of this member id may leave (and so boot out another).
-            left = self.break_lease(key)
+            own = self._member_owners.pop(gid, None)
             self._joined_groups.discard(gid)
-            self._member_owners.pop(gid, None)
+            # A session that joined leaves its own membership only, never one that
+            # another session of the member id took after this one lapsed; a session
+            # that did not join may leave for the member id, booting out the one that
+            # did (as tooz's drivers allow).
+            left = self.release_if_held(key, own) if own is not None else self.break_lease(key)
             if not left:
                 if not self._group_exists(group):
                     raise coordination.GroupNotCreated(group_id)
