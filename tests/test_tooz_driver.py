@@ -433,3 +433,21 @@ def test_a_lapsed_session_leaving_never_boots_out_the_one_that_rejoined(sqlite_u
     finally:
         lapsed.stop()
         rejoined.stop()
+
+
+def test_a_listing_over_the_limit_is_an_error_not_a_partial_list(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leasekit.tooz import _driver  # noqa: PLC0415
+
+    monkeypatch.setattr(_driver, "_LIST_LIMIT", 2)
+    coordinator = started(sqlite_url)
+    try:
+        for group in (b"a", b"b"):
+            coordinator.create_group(group).get()
+        assert sorted(coordinator.get_groups().get()) == [b"a", b"b"]
+        coordinator.create_group(b"c").get()
+        with pytest.raises(tooz.ToozError, match="more than 2"):
+            coordinator.get_groups().get()
+    finally:
+        coordinator.stop()

@@ -197,19 +197,22 @@ class LeasekitDriver(
         return self.facade.get_lease_owner(self._keys.group(group)) is not None
 
     def _list(self, prefix: str) -> list[LeaseRecord]:
+        """The live leases under ``prefix``; ``ToozError`` rather than a partial list."""
         facade = self.facade
         # The backend's blocking provider lists natively; otherwise its async one does.
         native_inspect = getattr(facade._native, "inspect", None)
         if callable(native_inspect):
-            records: list[LeaseRecord] = native_inspect(prefix, limit=_LIST_LIMIT)
-            return records
-        inspect = getattr(facade.provider, "inspect", None)
-        if not callable(inspect):
-            raise tooz.NotImplemented(
-                f"the leasekit backend {facade.backend!r} cannot list leases (no inspect)"
-            )
-        listed: list[LeaseRecord] = facade.run(inspect, prefix, limit=_LIST_LIMIT)
-        return listed
+            records: list[LeaseRecord] = native_inspect(prefix, limit=_LIST_LIMIT + 1)
+        else:
+            inspect = getattr(facade.provider, "inspect", None)
+            if not callable(inspect):
+                raise tooz.NotImplemented(
+                    f"the leasekit backend {facade.backend!r} cannot list leases (no inspect)"
+                )
+            records = facade.run(inspect, prefix, limit=_LIST_LIMIT + 1)
+        if len(records) > _LIST_LIMIT:
+            raise tooz.ToozError(f"more than {_LIST_LIMIT} leases under {prefix!r} to list")
+        return records
 
     # -- groups ----------------------------------------------------------------------------
 
