@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -59,6 +60,7 @@ class LockNotOwnedError(LockError):
 
 class _Local(threading.local):
     token: str | None = None
+    pid: int = 0  # the process that acquired: a forked child does not hold the parent's lock
     # When the grant (or the last extend/reacquire) was sent plus the TTL it set, on
     # time.monotonic(): never later than the store's expiry, so extend() never adds
     # time the lease does not have.
@@ -68,7 +70,7 @@ class _Local(threading.local):
 def _local(thread_local: bool) -> Any:
     if thread_local:
         return _Local()
-    return SimpleNamespace(token=None, expires_at=-math.inf)
+    return SimpleNamespace(token=None, pid=0, expires_at=-math.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +182,23 @@ class LockRules:
     def _ttl_ms(self) -> int:
         return _ms(self.lease_ttl if self.timeout is None else self.timeout)
 
-    def _held(self, token: str, sent_at: float, ttl_ms: int) -> None:
+    def _mine(self) -> str | None:
+        """This holder's token; ``None`` if it acquired nothing (or in a forked child)."""
+        token: str | None = self.local.token
+        if token is not None and self.local.pid != os.getpid():
+            return None  # the parent's lock stays the parent's
+        return token
+
+    def _owns(self, token: str) -> None:
         self.local.token = token
+        self.local.pid = os.getpid()
+
+    def _held(self, token: str, sent_at: float, ttl_ms: int) -> None:
+        self._owns(token)
         self.local.expires_at = sent_at + ttl_ms / 1000
 
     def _release_token(self) -> str:
-        token: str | None = self.local.token
+        token = self._mine()
         if token is None:
             raise LockError(
                 "Cannot release a lock that's not owned or is already unlocked.",
@@ -204,7 +217,7 @@ class LockRules:
             self._keepers[token] = keeper
 
     def _timed_token(self, what: str) -> str:
-        token: str | None = self.local.token
+        token = self._mine()
         if token is None:
             raise LockError(f"Cannot {what} an unlocked lock", lock_name=self.name)
         if self.timeout is None:
@@ -335,7 +348,7 @@ class Lock(LockRules):
         if not await keeper.start():
             return False
         self._keep(owner, keeper)
-        self.local.token = owner
+        self._owns(owner)
         return True
 
     async def release(self) -> None:
@@ -377,7 +390,7 @@ class Lock(LockRules):
 
     async def owned(self) -> bool:
         """True if this holder (this thread's token, with ``thread_local``) holds it now."""
-        token: str | None = self.local.token
+        token = self._mine()
         if token is None:
             return False
         return await self._run(owner_op(self.name)) == token

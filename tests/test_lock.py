@@ -651,3 +651,50 @@ def cancelled_wait(driver: AsyncDriver, name: str, timeout: float | None) -> Non
     holder.release()
     driver.sleep(0.1)
     assert driver.owner(name) is None  # the cancelled waiter did not take it afterwards
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_does_not_hold_the_parents_lock(url: str, name: str) -> None:
+    if url.startswith("etcd"):
+        pytest.skip("gRPC refuses to run in a child forked after it started (tests/test_fork.py)")
+    from test_fork import collect, fork_child  # noqa: PLC0415 (the fork harness)
+
+    driver = BlockingDriver(url)
+    try:
+        lock = driver.lock(name, timeout=30)
+        assert lock.acquire(blocking=False)
+        held = driver.lock(f"{name}-held")  # timeout=None: renewed by the parent's loop thread
+        assert held.acquire(blocking=False)
+
+        def child() -> dict[str, object]:
+            out: dict[str, object] = {"owned": lock.owned(), "held_owned": held.owned()}
+            for which, inherited in (("release", lock), ("held_release", held)):
+                try:
+                    inherited.release()
+                    out[which] = "released"
+                except LockError as exc:
+                    out[which] = type(exc).__name__
+            out["other"] = driver.lock(name).acquire(blocking=False)
+            own = driver.lock(f"{name}-child", timeout=30)
+            out["own"] = own.acquire(blocking=False)
+            own.release()
+            return out
+
+        (result,) = collect([fork_child(child)])
+        assert result == {
+            "owned": False,
+            "held_owned": False,
+            "release": "LockError",  # the parent's token is not the child's
+            "held_release": "LockError",
+            "other": False,
+            "own": True,
+        }
+        assert lock.owned()
+        assert held.owned()
+        lock.release()
+        held.release()
+        assert driver.owner(name) is None
+    finally:
+        driver.close()

@@ -136,7 +136,7 @@ class Lock(LockRules):
         except LeaseHeld:
             return False
         self._keep(owner, keeper)
-        self.local.token = owner
+        self._owns(owner)
         return True
 
     def release(self) -> None:
@@ -177,7 +177,7 @@ class Lock(LockRules):
 
     def owned(self) -> bool:
         """True if this holder (this thread's token, with ``thread_local``) holds it now."""
-        token: str | None = self.local.token
+        token = self._mine()
         if token is None:
             return False
         return self._run(owner_op(self.name)) == token
