@@ -76,7 +76,7 @@ def run(code: str, *, strict: bool) -> str:
     return done.stdout
 
 
-@pytest.mark.slow  # two interpreters per pair, and the peers' own start-up (python-redis-lock: 10 s)
+@pytest.mark.slow  # two interpreters per pair, and the peers' start-up (python-redis-lock: 10 s)
 @pytest.mark.parametrize(("title", "before", "after", "shown"), pairs())
 def test_before_and_after_print_the_same(
     request: pytest.FixtureRequest, title: str, before: str, after: str, shown: str

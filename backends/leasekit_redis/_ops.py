@@ -128,17 +128,23 @@ def _raw(value: bytes | str) -> bytes:
 # -- the contract -----------------------------------------------------------------------
 
 
-def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
-    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+def _owned_for(
+    ctx: OpContext, script: _lua.Script, key: str, owner: str, ttl_ms: int
+) -> ScriptCall:
+    """``script`` on ``key`` for ``owner`` and ``ttl_ms`` (ACQUIRE, RENEW), arguments checked."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.ACQUIRE,
+    return ScriptCall(
+        script,
         _names(ctx.raw_prefix, key),
         (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
     )
-    return _acquire(ctx, call, key, owner)
+
+
+def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
+    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+    return _acquire(ctx, _owned_for(ctx, _lua.ACQUIRE, key, owner, ttl_ms), key, owner)
 
 
 def _acquire(
@@ -176,14 +182,14 @@ def _owner(ctx: OpContext, command: Command, key: str) -> Operation[Request, str
         raise _garbled(ctx, key, exc) from exc
 
 
-def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, None]:
-    """``RELEASE`` of ``owner``'s lease on ``key``; the reply carries nothing to read."""
+def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, bool]:
+    """``RELEASE`` of ``owner``'s lease on ``key``: True when it took effect."""
     validate_key(key)
     validate_owner(owner)
     call = ScriptCall(
         _lua.RELEASE, (_keys.lease_name(ctx.raw_prefix, key),), (owner.encode(), ctx.publish)
     )
-    return _ignore(call)
+    return _flag(call)
 
 
 def release_grant(ctx: OpContext, key: str, owner: str, token: int) -> Operation[Request, None]:
@@ -201,15 +207,7 @@ def _ignore(request: Request) -> Operation[Request, None]:
 
 def renew(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, bool]:
     """``RENEW`` of ``owner``'s lease on ``key``: True when it took effect."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.RENEW,
-        _names(ctx.raw_prefix, key),
-        (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
-    )
-    return _flag(call)
+    return _flag(_owned_for(ctx, _lua.RENEW, key, owner, ttl_ms))
 
 
 def transfer(
@@ -235,7 +233,7 @@ def transfer(
 
 
 def _flag(request: Request) -> Operation[Request, bool]:
-    # RENEW and TRANSFER answer 1 when they took effect, else 0.
+    # RELEASE, RENEW and TRANSFER answer 1 when they took effect, else 0.
     reply = yield request
     return bool(reply == 1)
 
