@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import SimpleNamespace, TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _hooks
 from ._contract import MAX_TTL_MS, LeaseProvider, validate_key, validate_owner
@@ -32,6 +32,7 @@ from ._hold import LeaseHold
 from ._owners import new_owner_id
 from ._waiting import acquire_polling, check_poll_s, check_wait_s
 from .backend._operation import drive_async
+from .backend._records import SupportsReleaseReport, supports
 
 __all__ = ["DEFAULT_LEASE_TTL_S", "Lock", "LockError", "LockNotOwnedError"]
 
@@ -110,7 +111,12 @@ def _flag(value: object, argument: str) -> bool:
 # -- the operations, written once ------------------------------------------------------------
 
 
-def release_op(name: str, token: str) -> Op[None]:
+def release_op(name: str, token: str, *, atomic: bool = False) -> Op[None]:
+    if atomic:  # the backend's release says whether it released, in its one atomic step
+        released = yield Call("release_if_held", (name, token))
+        if not released:
+            raise not_owned(name)
+        return
     # The contract's release is a silent no-op for a non-holder, so ask first. Between
     # the two, the only change possible is that this holder's lease ran out: it was
     # ours until then.
@@ -291,15 +297,46 @@ class Lock(LockRules):
         self._ops = _hooks.HookedLeaseProvider(
             _hooks.unwrap(provider), _hooks.backend_name(provider)
         )
+        self._atomic_release = supports(self._ops.wrapped, SupportsReleaseReport)
 
     async def _run(self, operation: Op[_T]) -> _T:
         ops = self._ops
 
         async def exchange(call: Call) -> Any:
+            if call.method == "release_if_held":
+                return await self._release_if_held(*call.args)
             method: Callable[..., Any] = getattr(ops, call.method)
             return await method(*call.args)
 
         return await drive_async(operation, exchange, throws=())
+
+    async def _release_if_held(self, key: str, owner: str) -> bool:
+        """The backend's atomic release, with the events its ``release_lease`` would emit."""
+        ops = self._ops
+        start = time.perf_counter()
+        try:
+            reporter = cast("SupportsReleaseReport", ops.wrapped)
+            released = await reporter.release_if_held(key, owner)
+        except Exception as exc:
+            _hooks.emit(
+                "leasekit_failed",
+                operation="release",
+                key=key,
+                owner=owner,
+                backend=ops.backend,
+                error=exc,
+                latency_s=time.perf_counter() - start,
+            )
+            raise
+        if released:
+            _hooks.emit(
+                "leasekit_released",
+                key=key,
+                owner=owner,
+                backend=ops.backend,
+                latency_s=time.perf_counter() - start,
+            )
+        return released
 
     async def acquire(
         self,
@@ -356,7 +393,7 @@ class Lock(LockRules):
         token = self._release_token()
         keeper: _Keeper | None = self._take_keeper(token)
         if keeper is None:
-            await self._run(release_op(self.name, token))
+            await self._run(release_op(self.name, token, atomic=self._atomic_release))
             return
         try:
             holder = await self._run(owner_op(self.name))
