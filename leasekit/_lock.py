@@ -15,6 +15,7 @@ itself after at most ``lease_ttl`` instead of never.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import os
 import threading
@@ -279,6 +280,13 @@ class Lock(LockRules):
         *,
         lease_ttl: float = DEFAULT_LEASE_TTL_S,
     ) -> None:
+        if callable(getattr(provider, "run", None)) and not inspect.iscoroutinefunction(
+            getattr(provider, "acquire_lease", None)
+        ):
+            raise InvalidLeaseArgument.for_argument(
+                "provider",
+                "is a blocking leasekit.sync provider: use leasekit.sync.Lock with it",
+            )
         if not is_lease_provider(provider):
             raise InvalidLeaseArgument.for_argument(
                 "provider",

@@ -602,6 +602,17 @@ def test_bad_arguments_raise_typed_errors(
         driver.lock("")
 
 
+def test_a_lock_of_the_other_kind_is_refused(url: str, name: str) -> None:
+    with leasekit.sync.connect(url) as leases:
+        with pytest.raises(InvalidLeaseArgument, match=r"leasekit\.sync\.Lock") as raised:
+            leasekit.Lock(leases, name)  # type: ignore[arg-type]
+        assert raised.value.argument == "provider"
+        with pytest.raises(InvalidLeaseArgument, match="provider"):
+            leasekit.Lock(object(), name)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"leasekit\.sync\.connect"):
+            leasekit.sync.Lock(leases.provider, name)  # type: ignore[arg-type]
+
+
 def test_bad_method_arguments_write_nothing(driver: Driver, name: str) -> None:
     lock = driver.lock(name, timeout=10)
     with pytest.raises(InvalidLeaseArgument, match="token"):

@@ -182,3 +182,20 @@ def test_otel_records_the_same_instruments(tmp_path: Path) -> None:
     assert {reason: p.value for reason, p in lost.items()} == {"renew_refused": 1}
     assert sum(p.count for p in found["lease.renewal.lag"]) >= 2
     assert {p.attributes["lease.backend"] for p in found["lease.renewal.lag"]} == {"sqlite"}
+
+
+def test_open_holds_are_bounded_and_a_reacquire_keeps_the_start() -> None:
+    from leasekit._plugin_holdtimes import HoldTimes  # noqa: PLC0415
+
+    holds = HoldTimes(limit=2)
+    holds.start("memory", "k", "a")
+    holds.start("memory", "k", "b")
+    holds.start("memory", "k", "a")  # an idempotent re-acquire: the same hold
+    assert len(holds) == 2
+    holds.start("memory", "k", "c")  # over the limit: the oldest is forgotten
+    assert len(holds) == 2
+    assert holds.end("memory", "k", "a") is None
+    held = holds.end("memory", "k", "b")
+    assert held is not None
+    assert held >= 0
+    assert holds.end("memory", "k", "b") is None  # ended once
