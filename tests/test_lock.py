@@ -26,6 +26,7 @@ import pytest
 from servers import require_module, with_options
 
 import leasekit
+import leasekit.plugins
 import leasekit.sync
 from leasekit import InvalidLeaseArgument, LockError, LockNotOwnedError
 
@@ -709,3 +710,51 @@ def test_a_forked_child_does_not_hold_the_parents_lock(url: str, name: str) -> N
         assert driver.owner(name) is None
     finally:
         driver.close()
+
+
+# -- waiting is woken by the store ------------------------------------------------------------
+
+
+class DeniedCounter:
+    def __init__(self) -> None:
+        self.denied: dict[str, int] = {}
+        self.guard = threading.Lock()
+
+    @leasekit.hookimpl
+    def leasekit_denied(self, owner: str) -> None:
+        with self.guard:
+            self.denied[owner] = self.denied.get(owner, 0) + 1
+
+
+@pytest.mark.parametrize("kind", ["async", "blocking"])
+def test_a_waiter_is_woken_by_the_release_not_by_polling(url: str, name: str, kind: str) -> None:
+    counter = DeniedCounter()
+    leasekit.plugins.register(counter)
+    try:
+        driver: Driver = AsyncDriver(url) if kind == "async" else BlockingDriver(url)
+        try:
+            capabilities = (
+                leasekit.capabilities_of(driver.provider)
+                if isinstance(driver, AsyncDriver)
+                else driver.leases.capabilities
+            )
+            if not capabilities.release_notifications:
+                pytest.skip("the store sends no release notifications: waiters poll every sleep")
+            holder = driver.lock(name, timeout=60)
+            assert holder.acquire(blocking=False)
+            # Polling every 20 ms for the second the holder keeps the lock would be
+            # dozens of refused attempts; woken by the release, the waiter makes two
+            # (the first look, and one more once subscribed) and then wins.
+            waiter = driver.lock(name, sleep=0.02, thread_local=False)
+            result = driver.start(waiter, "acquire", blocking_timeout=60)
+            driver.sleep(1.0)
+            holder.release()
+            assert result() is True
+            token = waiter.local.token
+            assert driver.owner(name) == token
+            assert counter.denied.get(token, 0) <= 3, counter.denied
+            waiter.release()
+        finally:
+            driver.close()
+    finally:
+        leasekit.plugins.unregister(counter)
