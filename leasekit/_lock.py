@@ -14,7 +14,6 @@ itself after at most ``lease_ttl`` instead of never.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import os
@@ -28,8 +27,9 @@ from typing import Any, TypeVar, cast
 from . import _hooks
 from ._contract import MAX_TTL_MS, LeaseProvider, validate_key, validate_owner
 from ._detection import is_lease_provider
-from ._errors import InvalidLeaseArgument, LeaseError, LeaseHeld
+from ._errors import InvalidLeaseArgument, LeaseError
 from ._hold import LeaseHold
+from ._lock_keeper import Keeper
 from ._owners import new_owner_id
 from ._waiting import acquire_polling, check_poll_s, check_wait_s
 from .backend._operation import drive_async
@@ -389,7 +389,7 @@ class Lock(LockRules):
             poll_s=poll_s,
             max_poll_s=poll_s,
         )
-        keeper = _Keeper(lease)
+        keeper = Keeper(lease)
         if not await keeper.start():
             return False
         self._keep(owner, keeper)
@@ -399,7 +399,7 @@ class Lock(LockRules):
     async def release(self) -> None:
         """Release the lock; :class:`LockNotOwnedError` if it was no longer ours."""
         token = self._release_token()
-        keeper: _Keeper | None = self._take_keeper(token)
+        keeper: Keeper | None = self._take_keeper(token)
         if keeper is None:
             await self._run(release_op(self.name, token, atomic=self._atomic_release))
             return
@@ -452,56 +452,3 @@ class Lock(LockRules):
         tb: TracebackType | None,
     ) -> None:
         await self.release()
-
-
-class _Keeper:
-    """A ``timeout=None`` lock's lease, held and renewed by a :class:`LeaseHold` in a task."""
-
-    def __init__(self, lease: LeaseHold) -> None:
-        self.lease = lease
-        self._release = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def lost_reason(self) -> str | None:
-        return self.lease.lost_reason
-
-    async def _hold(self, entered: asyncio.Future[None]) -> None:
-        try:
-            async with self.lease:
-                entered.set_result(None)
-                await self._release.wait()
-        except BaseException as exc:
-            if not entered.done():
-                if isinstance(exc, asyncio.CancelledError):
-                    entered.cancel()
-                else:
-                    entered.set_exception(exc)
-                return
-            raise
-
-    async def start(self) -> bool:
-        loop = asyncio.get_running_loop()
-        entered: asyncio.Future[None] = loop.create_future()
-        task = self._task = loop.create_task(
-            self._hold(entered), name=f"leasekit lock {self.lease.key!r}"
-        )
-        try:
-            await asyncio.wait([entered, task], return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()  # the hold leaves nothing held when cancelled while entering
-            raise
-        try:
-            await entered
-        except LeaseHeld:
-            await task
-            return False
-        return True
-
-    async def stop(self) -> None:
-        """Leave the hold: it releases the lease unless it was lost."""
-        task = self._task
-        if task is None:
-            return
-        self._release.set()
-        await task
