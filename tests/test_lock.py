@@ -1,3 +1,4 @@
+# A module over 500 lines: redis-py's whole Lock behaviour list, written once for both drivers.
 """leasekit.Lock and leasekit.sync.Lock: redis-py's Lock behaviour, on every backend.
 
 The behaviour list of redis-py's tests/test_lock.py (tokens, locked/owned, competing
