@@ -106,6 +106,8 @@ class BlockingTransport:
                 lambda: _round_trip(connection, command),
                 lambda _error: connection.disconnect(),
             )
+        except NoScriptError:
+            raise  # a whole reply, read: the connection is fine (exchange() sends EVAL next)
         except BaseException:
             # Whatever was cut short (a timeout, Ctrl-C mid-reply) may have left a reply
             # unread: the connection starts afresh, reconnecting on its next command.
