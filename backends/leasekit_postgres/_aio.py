@@ -173,7 +173,7 @@ class AsyncTransport:
             await self.pool.check()
             step = step.operation
         async with self.pool.connection() as conn:
-            watch = None if self.watches is None else self._watch(conn)
+            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
             try:
                 result = await run(conn, step)
             except psycopg.errors.ReadOnlySqlTransaction:
@@ -192,22 +192,10 @@ class AsyncTransport:
             )
         if self.watches is None:
             return await run(self.conn, operation)
-        watch = self._watch(self.conn)
+        watch = _ops.CommitWatch.on(self.watches, self.conn)
         result = await run(self.conn, operation)
         watch.check(self.where)
         return result
-
-    def _watch(self, conn: psycopg.AsyncConnection[Any]) -> _ops.CommitWatch:
-        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use,
-        cleared for the operation about to run (a warning some other statement on the
-        connection drew is not this operation's)."""
-        assert self.watches is not None
-        watch = self.watches.get(conn)
-        if watch is None:
-            watch = self.watches[conn] = _ops.CommitWatch()
-            conn.add_notice_handler(watch.notice)
-        watch.unconfirmed = False
-        return watch
 
     async def open(self) -> None:
         """Connect and check the schema now (``async with``)."""

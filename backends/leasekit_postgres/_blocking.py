@@ -104,18 +104,6 @@ class BlockingTransport:
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
 
-    def _watch(self, conn: psycopg.Connection[Any]) -> _ops.CommitWatch:
-        """``conn``'s :class:`~leasekit_postgres._ops.CommitWatch`, installed on first use,
-        cleared for the operation about to run (a warning some other statement on the
-        connection drew is not this operation's)."""
-        assert self.watches is not None
-        watch = self.watches.get(conn)
-        if watch is None:
-            watch = self.watches[conn] = _ops.CommitWatch()
-            conn.add_notice_handler(watch.notice)
-        watch.unconfirmed = False
-        return watch
-
     def run(
         self,
         operation: _ops.Operation[_T],
@@ -142,7 +130,7 @@ class BlockingTransport:
             self.pool.check()
             step = step.operation
         with self.pool.connection() as conn:
-            watch = None if self.watches is None else self._watch(conn)
+            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
             try:
                 result = self._bounded(conn, step, key)
             except psycopg.errors.ReadOnlySqlTransaction:

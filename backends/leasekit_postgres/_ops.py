@@ -21,7 +21,7 @@ lost it (:func:`lost`), the one retry on a fresh connection after a lost one
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -410,6 +410,19 @@ class CommitWatch:
 
     def __init__(self) -> None:
         self.unconfirmed = False
+
+    @classmethod
+    def on(cls, watches: MutableMapping[Any, CommitWatch] | None, conn: Any) -> CommitWatch:
+        """``conn``'s watch in ``watches``, installed on first use, cleared for the
+        operation about to run (a warning some other statement on the connection drew
+        is not this operation's)."""
+        assert watches is not None
+        watch = watches.get(conn)
+        if watch is None:
+            watch = watches[conn] = cls()
+            conn.add_notice_handler(watch.notice)
+        watch.unconfirmed = False
+        return watch
 
     def notice(self, diag: psycopg.errors.Diagnostic) -> None:
         if diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000":
