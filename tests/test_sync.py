@@ -180,6 +180,22 @@ def test_release_if_held_on_a_backend_without_it_names_what_is_missing() -> None
         with pytest.raises(leasekit.BackendLacksCapability, match="release_if_held"):
             facade.release_if_held("r", "a")
         assert facade.get_lease_owner("r") == "a"  # nothing was released
+        with pytest.raises(leasekit.BackendLacksCapability, match="inspect"):
+            facade.inspect()
+
+
+def test_inspect_lists_live_leases_natively_or_through_the_loop_thread(
+    leases: SyncLeaseProvider,
+) -> None:
+    for key in ("i/b", "i/a", "j/c"):
+        assert leases.acquire_lease(key, f"owner of {key}", LONG_TTL_MS).acquired
+    if leases.backend == "memory":  # memory:// keeps no listing
+        with pytest.raises(leasekit.BackendLacksCapability, match="inspect"):
+            leases.inspect("i/")
+        return
+    records = leases.inspect("i/")
+    assert [(r.key, r.owner) for r in records] == [("i/a", "owner of i/a"), ("i/b", "owner of i/b")]
+    assert len(leases.inspect("i/", limit=1)) == 1
 
 
 def test_run_reaches_what_the_facade_does_not_wrap(leases: SyncLeaseProvider) -> None:

@@ -19,7 +19,7 @@ from .._capabilities import Capabilities, capabilities_of
 from .._contract import LeaseProvider, LeaseResult
 from .._errors import BackendLacksCapability, LeaseProviderClosed
 from ..backend._fork import keep_forever, on_fork_in_child
-from ..backend._records import SupportsReleaseReport, supports
+from ..backend._records import LeaseRecord, SupportsInspect, SupportsReleaseReport, supports
 from ..backend._sync import SyncProvider
 from ._loop import LoopThread, stop_abandoned
 
@@ -235,13 +235,30 @@ class SyncLeaseProvider:
 
     # -- optional extras -------------------------------------------------------------------
 
+    def _extra(self, protocol: type, method: str) -> Callable[..., Any] | None:
+        """The blocking provider's ``method``, else the async provider's on the loop thread."""
+        native = self._native
+        if native is not None:
+            found = getattr(native, method, None)
+            if callable(found):
+                return cast("Callable[..., Any]", found)
+        provider = self.provider
+        if supports(provider, protocol):
+            bound: Callable[..., Awaitable[Any]] = getattr(provider, method)
+            return lambda *args, **kwargs: self.run(bound, *args, **kwargs)
+        return None
+
+    def _lacks(self, method: str, what: str) -> BackendLacksCapability:
+        return BackendLacksCapability(
+            f"backend {self.backend!r} has no {what} ({method})",
+            backend=self.backend,
+            missing=(method,),
+        )
+
     @property
     def reports_releases(self) -> bool:
         """Whether :meth:`release_if_held` is available on this backend."""
-        native = self._native
-        if native is not None:
-            return callable(getattr(native, "release_if_held", None))
-        return supports(self.provider, SupportsReleaseReport)
+        return self._extra(SupportsReleaseReport, "release_if_held") is not None
 
     def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it live, in one atomic step; True if it did.
@@ -251,20 +268,21 @@ class SyncLeaseProvider:
         with expiry. :class:`~leasekit.BackendLacksCapability` on a backend without it
         (:attr:`reports_releases`).
         """
-        native = self._native
-        if native is not None:
-            method: Callable[[str, str], bool] | None = getattr(native, "release_if_held", None)
-            if callable(method):
-                return method(key, owner)
-        elif supports(self.provider, SupportsReleaseReport):
-            reporter = cast("SupportsReleaseReport", self.provider)
-            return self.run(reporter.release_if_held, key, owner)
-        raise BackendLacksCapability(
-            f"backend {self.backend!r} has no atomic release that reports whether it "
-            "released (release_if_held)",
-            backend=self.backend,
-            missing=("release_if_held",),
-        )
+        method = self._extra(SupportsReleaseReport, "release_if_held")
+        if method is None:
+            raise self._lacks("release_if_held", "atomic release that says whether it released")
+        return bool(method(key, owner))
+
+    def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """Blocking :meth:`leasekit.backend.SupportsInspect.inspect`: live leases in key order.
+
+        :class:`~leasekit.BackendLacksCapability` on a backend that cannot list its leases.
+        """
+        method = self._extra(SupportsInspect, "inspect")
+        if method is None:
+            raise self._lacks("inspect", "way to list its leases")
+        records: list[LeaseRecord] = method(prefix, limit=limit)
+        return records
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from tooz import utils as tooz_utils
 
 from .. import sync as leasekit_sync
 from .._contract import MAX_TTL_MS
+from .._errors import BackendLacksCapability
 from ..backend import LeaseRecord, keep_forever, on_fork_in_child
 from . import _keys
 from ._errors import translated
@@ -203,17 +204,12 @@ class LeasekitDriver(
     def _list(self, prefix: str) -> list[LeaseRecord]:
         """The live leases under ``prefix``; ``ToozError`` rather than a partial list."""
         facade = self.facade
-        # The backend's blocking provider lists natively; otherwise its async one does.
-        native_inspect = getattr(facade._native, "inspect", None)
-        if callable(native_inspect):
-            records: list[LeaseRecord] = native_inspect(prefix, limit=_LIST_LIMIT + 1)
-        else:
-            inspect = getattr(facade.provider, "inspect", None)
-            if not callable(inspect):
-                raise tooz.NotImplemented(
-                    f"the leasekit backend {facade.backend!r} cannot list leases (no inspect)"
-                )
-            records = facade.run(inspect, prefix, limit=_LIST_LIMIT + 1)
+        try:  # the blocking provider's own inspect, else the async one's
+            records = facade.inspect(prefix, limit=_LIST_LIMIT + 1)
+        except BackendLacksCapability as exc:
+            raise tooz.NotImplemented(
+                f"the leasekit backend {facade.backend!r} cannot list leases (no inspect)"
+            ) from exc
         if len(records) > _LIST_LIMIT:
             raise tooz.ToozError(f"more than {_LIST_LIMIT} leases under {prefix!r} to list")
         return records
