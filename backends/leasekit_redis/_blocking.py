@@ -245,7 +245,17 @@ class _Connections:
             self._borrowed = 0
 
 
+def _connected(connection: Any) -> None:
+    # Through connect(), as redis-py's pool does when it hands a connection out: a
+    # Sentinel-managed connection asks the sentinels where the primary is there, while
+    # a command on a closed connection would reconnect to its last address (redis-py 8),
+    # a demoted primary after a failover.
+    if getattr(connection, "_sock", None) is None:
+        connection.connect()
+
+
 def _round_trip(connection: Any, command: Command) -> Any:
+    _connected(connection)
     connection.send_command(*command)
     return connection.read_response()
 
@@ -253,6 +263,7 @@ def _round_trip(connection: Any, command: Command) -> Any:
 def _pipelined_trip(connection: Any, commands: tuple[Command, ...]) -> list[Any]:
     # One write; every reply read, an error reply in its command's place, so the
     # connection is left with nothing unread.
+    _connected(connection)
     connection.send_packed_command(connection.pack_commands(commands))
     return [_read_reply(connection) for _ in commands]
 
