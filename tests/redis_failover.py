@@ -62,7 +62,7 @@ class Round:
     granted_in_lag: int = 0
     """Grants answered while the replica was behind (held: lost if the primary dies)."""
     unknown_in_lag: int = 0
-    """Grants answered "outcome unknown" while the replica was behind (min_replicas)."""
+    """Grants answered "outcome unknown" from the replica falling behind to its promotion."""
     grants_after: int = 0
     """Grants through the same provider after the failover."""
     failover_s: float = 0.0
@@ -174,7 +174,7 @@ async def _worker(
                 result = await provider.acquire_lease(key, name, TTL_MS)
             except LeaseBackendTimeout as exc:
                 ledger.unknown.append((time.monotonic(), str(exc)))
-                if ledger.lagging:
+                if ledger.lagging or (ledger.killed and not ledger.after_failover):
                     ledger.unknown_in_lag += 1
                 provider.undo_grant(key, name)  # as hold() does: not held, undone
                 continue

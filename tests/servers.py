@@ -711,9 +711,9 @@ class RedisSentinelGroup:
     ) -> None:
         workdir = Path(workdir)
         # A replica's full sync starts at once (Redis 7 waits 5 s for more replicas).
-        quick_sync = ["--repl-diskless-sync-delay", "0"]
-        self.primary = RedisServer(redis_binary, workdir / "a", extra_args=quick_sync)
-        self.replica = RedisServer(redis_binary, workdir / "b", extra_args=quick_sync)
+        self._quick_sync = ["--repl-diskless-sync-delay", "0"]
+        self.primary = RedisServer(redis_binary, workdir / "a", extra_args=self._quick_sync)
+        self.replica = RedisServer(redis_binary, workdir / "b", extra_args=self._quick_sync)
         self._sentinel_args = (sentinel_binary, workdir, down_after_ms, failover_timeout_ms)
         self.sentinels: list[RedisSentinelServer] = []
         self.failovers = 0
@@ -762,15 +762,14 @@ class RedisSentinelGroup:
                 return False
             if len(sentinel.other_sentinels()) != len(self.sentinels) - 1:
                 return False
-            # Up (no s_down, no disconnected flag) and seen as a replica: enough to be
-            # chosen, since Sentinel refreshes what it knows of replicas every second
-            # once their primary is down. The replica's own link is checked by _follow.
+            # Listed as the primary's replica and up (no s_down, no disconnected flag):
+            # enough to be chosen, since Sentinel refreshes what it knows of replicas
+            # every second once their primary is down (what it last read of the role
+            # may be ten seconds old). The replica's own link is checked by _follow.
             healthy = [
                 row
                 for row in sentinel.replicas()
-                if row.get("port") == str(self.replica.port)
-                and row.get("flags") == "slave"
-                and row.get("role-reported") == "slave"
+                if row.get("port") == str(self.replica.port) and row.get("flags") == "slave"
             ]
             if not healthy:
                 return False
@@ -806,8 +805,18 @@ class RedisSentinelGroup:
         return promoted
 
     def rejoin(self) -> None:
-        """Restart the killed primary, empty, as the new primary's replica; wait until ready."""
+        """Restart the killed primary, empty, as the new primary's replica; wait until ready.
+
+        It starts as a replica (``--replicaof``): a sentinel that looked at it while it
+        briefly answered as a primary would not look again for ten seconds.
+        """
         old, self.primary, self.replica = self.primary, self.replica, self.primary
+        old.extra_args = [
+            *self._quick_sync,
+            "--replicaof",
+            self.primary.host,
+            str(self.primary.port),
+        ]
         old.restart()
         self._follow(old, self.primary)
         self._wait(self._settled, "the sentinels did not take the old primary back")

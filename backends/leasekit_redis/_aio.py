@@ -98,15 +98,52 @@ def _sentinel_client(settings: _options.RedisSettings, connection: dict[str, Any
     )
     return sentinel.master_for(  # type: ignore[no-any-return]
         settings.sentinel.service,
-        connection_pool_class=SentinelConnectionPool,
+        connection_pool_class=_SentinelPool,
         max_connections=settings.max_connections + 2,
     )
 
 
-async def close_sentinels(client: RedisClient) -> None:
+class _SentinelPool(SentinelConnectionPool):
+    """redis-py's pool of the primary's connections, asking the sentinels once at a time.
+
+    Connections opened together (after a failover, every task reconnects at once)
+    share one question to the sentinels. It runs in a task of its own, shielded: an
+    operation cancelled at its deadline stops waiting for the answer, while the
+    question itself runs to its end (each sentinel within ``sentinel_timeout_s``), so
+    redis-py's sentinel clients never have a connection cut halfway, which would leave
+    it unclosed.
+    """
+
+    _discovery: asyncio.Task[Any] | None = None
+
+    async def get_master_address(self) -> Any:
+        task = self._discovery
+        if task is None or task.done():
+            discover = super().get_master_address()  # type: ignore[no-untyped-call]
+            task = asyncio.get_running_loop().create_task(discover)
+            task.add_done_callback(_retrieve)
+            self._discovery = task
+        return await asyncio.shield(task)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait for a question to the sentinels still running (before closing them)."""
+        task = self._discovery
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout_s)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Its callers may all have gone: the outcome is nobody's, and not worth a warning.
+    if not task.cancelled():
+        task.exception()
+
+
+async def close_sentinels(client: RedisClient, timeout_s: float) -> None:
     """Close the sentinel clients behind a client :func:`build_client` made (if any)."""
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, SentinelConnectionPool):
+        if isinstance(pool, _SentinelPool):
+            await pool.settle(timeout_s)
         await pool.sentinel_manager.aclose()
 
 

@@ -199,7 +199,7 @@ class RedisLeaseProvider(BackendProvider):
         try:
             await self._client.aclose()
         finally:
-            await _aio.close_sentinels(self._client)
+            await _aio.close_sentinels(self._client, self.timeout_s)
 
     def _describe(self) -> str:
         return f"prefix={self.prefix!r}" + (f", server={self._server}" if self._server else "")
