@@ -775,7 +775,13 @@ class RedisSentinelGroup:
                 return False
         return True
 
-    def _wait(self, condition: Any, failure: str, timeout_s: float | None = None) -> None:
+    def _wait(
+        self,
+        condition: Any,
+        failure: str,
+        timeout_s: float | None = None,
+        detail: Any = None,
+    ) -> None:
         deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
         while True:
             try:
@@ -785,7 +791,8 @@ class RedisSentinelGroup:
                 pass
             if time.monotonic() > deadline:
                 logs = "\n".join(f"{s}: {s.log_tail(8)}" for s in self.sentinels)
-                raise ServerStartError(f"{failure}\n{logs}")
+                seen = f"\n{detail()}" if detail is not None else ""
+                raise ServerStartError(f"{failure}{seen}\n{logs}")
             time.sleep(0.02)
 
     def kill_primary(self) -> None:
@@ -819,7 +826,11 @@ class RedisSentinelGroup:
         ]
         old.restart()
         self._follow(old, self.primary)
-        self._wait(self._settled, "the sentinels did not take the old primary back")
+        self._wait(
+            self._settled,
+            "the sentinels did not take the old primary back",
+            detail=lambda: [sentinel.replicas() for sentinel in self.sentinels],
+        )
         self.failovers += 1
 
     def fail_over(self) -> RedisServer:
