@@ -755,12 +755,16 @@ class RedisSentinelGroup:
             f"{replica} did not sync with {primary}",
         )
 
-    def _settled(self) -> bool:
-        """Every sentinel names the primary, knows the two others and the replica, healthy."""
+    def _settled(self, *, peers: bool = True) -> bool:
+        """Every sentinel names the primary and knows the replica, healthy (and its peers).
+
+        ``peers``: each also knows the two others (at the start; after a failover
+        they already have, and how many it lists for a while is its own business).
+        """
         for sentinel in self.sentinels:
             if sentinel.primary_port_now() != self.primary.port:
                 return False
-            if len(sentinel.other_sentinels()) != len(self.sentinels) - 1:
+            if peers and len(sentinel.other_sentinels()) < len(self.sentinels) - 1:
                 return False
             # Listed as the primary's replica and up (no s_down, no disconnected flag):
             # enough to be chosen, since Sentinel refreshes what it knows of replicas
@@ -827,9 +831,12 @@ class RedisSentinelGroup:
         old.restart()
         self._follow(old, self.primary)
         self._wait(
-            self._settled,
+            lambda: self._settled(peers=False),
             "the sentinels did not take the old primary back",
-            detail=lambda: [sentinel.replicas() for sentinel in self.sentinels],
+            detail=lambda: [
+                (sentinel.primary_port_now(), self.primary.port, sentinel.replicas())
+                for sentinel in self.sentinels
+            ],
         )
         self.failovers += 1
 
