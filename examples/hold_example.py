@@ -60,7 +60,8 @@ async def main() -> None:
             owner = await leases.get_lease_owner(KEY)
             print(f"worker-b stopped: lease lost ({lease.lost_reason}), owner now {owner}")
 
-        # Worker D waits (polling with jittered backoff) until C lets go.
+        # Worker D waits until C lets go: memory:// tells waiters of the release, so D
+        # is woken by it instead of polling.
         async def finish_c() -> None:
             await asyncio.sleep(0.2)
             await leases.release_lease(KEY, "worker-c")

@@ -158,3 +158,10 @@ def __getattr__(name: str) -> Any:
     if name == "hookimpl":
         return importlib.import_module(f"{__name__}.hookspecs").hookimpl
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public API and the module's own attributes: not the names this module only
+    # imports for its own use (Any, Iterable, TYPE_CHECKING, importlib, annotations).
+    dunders = {name for name in globals() if name.startswith("__")}
+    return sorted({*__all__, *_LAZY_MODULES, "backend", *dunders})

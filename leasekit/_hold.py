@@ -425,7 +425,8 @@ def hold(
             await work(fencing_token=lease.token)
 
     Entering acquires (raising :class:`LeaseHeld`, carrying the holder, if someone
-    else holds it; with ``wait_s`` it first polls that long, ``None`` without limit).
+    else holds it; with ``wait_s`` it first waits that long as :func:`wait_for` does,
+    woken by release notifications where the store has them, ``None`` without limit).
     A background task renews every ``renew_every_ms`` (default ``ttl_ms // 3``).
     Leaving releases, unless the lease was handed on with :meth:`LeaseHold.transfer_to`
     or lost.

@@ -219,6 +219,12 @@ class MemoryLeaseProvider:
         validate_owner(owner)
         _release(self._check(), key, owner, None)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        validate_key(key)
+        validate_owner(owner)
+        return _release(self._check(), key, owner, None)
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
         validate_key(key)
@@ -325,11 +331,12 @@ class MemoryLeaseProvider:
         return f"MemoryLeaseProvider({where}{', closed' if self._closed else ''})"
 
 
-def _release(store: _MemoryStore, key: str, owner: str, token: int | None) -> None:
+def _release(store: _MemoryStore, key: str, owner: str, token: int | None) -> bool:
     """Free ``key`` if ``owner`` holds it live (with ``token``, when given), and tell waiters."""
     with store.lock:
         lease = store.live(key, store.clock_ns())
         if lease is None or lease.owner != owner or (token is not None and lease.token != token):
-            return
+            return False
         del store.leases[key]
     store.hub.notify(key)
+    return True

@@ -275,11 +275,13 @@ async def wait_for(
     max_poll_s: float = DEFAULT_MAX_POLL_S,
     clock: Clock | None = None,
 ) -> LeaseResult:
-    """Acquire ``key`` for ``owner``, polling until it is free or ``timeout_s`` has passed.
+    """Acquire ``key`` for ``owner``, waiting until it is free or ``timeout_s`` has passed.
 
-    Returns the successful :class:`LeaseResult` (with its fencing token). Polls start
-    ``poll_s`` apart and double up to ``max_poll_s``, each randomly shortened by up to
-    half so waiters spread out; the last attempt falls on the deadline. ``timeout_s=0``
+    Returns the successful :class:`LeaseResult` (with its fencing token). Where the
+    backend sends release notifications, the waiter sleeps until one arrives or the
+    holder's lease would run out, and does not poll. Elsewhere, polls start ``poll_s``
+    apart and double up to ``max_poll_s``, each randomly shortened by up to half so
+    waiters spread out. The last attempt falls on the deadline. ``timeout_s=0``
     makes one attempt; ``None`` waits without limit.
 
     On timeout raises :class:`LeaseHeld` naming the holder at the last attempt (the

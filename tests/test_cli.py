@@ -65,6 +65,11 @@ def test_demo_on_memory_runs_tasks_in_one_process() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "tasks in one process" in run.stdout
     assert "verdict      OK" in run.stdout
+    # Before anything else, the demo says what it demonstrates, in one sentence.
+    second = run.stdout.splitlines()[1]
+    assert second.startswith("A lease is a key that one owner at a time holds")
+    assert second.count(". ") == 0
+    assert second.endswith(".")
 
 
 def test_demo_verdict_catches_a_provider_without_exclusion() -> None:
@@ -120,6 +125,30 @@ def test_acquire_owner_transfer_renew_release_exit_codes(url: str) -> None:
     assert leasekit("release", url, "job", "bob").returncode == 0
     free = leasekit("owner", url, "job")
     assert (free.returncode, free.stdout.strip()) == (1, "free")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["acquire", "{url}", "", "a", "--ttl-ms", "1000"], "key"),
+        (["acquire", "{url}", "k", "", "--ttl-ms", "1000"], "owner"),
+        (["owner", "{url}", ""], "key"),
+        (["renew", "{url}", "", "a", "--ttl-ms", "1000"], "key"),
+        (["release", "{url}", "", "a"], "key"),
+        (["transfer", "{url}", "k", "", "b", "--ttl-ms", "1000"], "from_owner"),
+        (["transfer", "{url}", "k", "a", "", "--ttl-ms", "1000"], "to_owner"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_the_store_is_created(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "never.db"
+    code = main([part.format(url=f"sqlite:///{store}") for part in argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"leasekit: error: invalid {named}"), err
+    assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_json_output_is_machine_readable(url: str) -> None:
@@ -386,3 +415,9 @@ def test_read_only_commands_pass_the_backends_read_only_options(
     # A backend without the attribute opens as it is (memory:// refuses unknown options).
     assert main(["owner", "memory://", "k"]) == 1
     assert "cannot list leases" in capsys.readouterr().err
+
+
+def test_the_readme_says_check_needs_the_test_extra() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    paragraph = next(p for p in readme.split("\n\n") if "`leasekit check URL`" in p)
+    assert "'.[test]'" in paragraph, paragraph

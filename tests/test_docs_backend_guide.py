@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -190,3 +191,55 @@ def test_guide_package_type_checks_strictly(guide_package: Path) -> None:
         pythonpath=guide_package,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def renew_leases_snippet() -> str:
+    """The optional ``renew_leases`` block, as additions to the package's two classes."""
+    (block,) = [
+        body
+        for lang, body in FENCE.findall(GUIDE.read_text(encoding="utf-8"))
+        if lang == "python" and "async def renew_leases" in body
+    ]
+    # The block shows additions to the classes of leasekit_tinystore/__init__.py: as
+    # subclasses appended to that module, they add exactly that.
+    for header, subclass in (
+        ("class Store:\n", "class Store(Store):\n"),
+        (
+            "class TinyLeaseProvider(BackendProvider):\n",
+            "class TinyLeaseProvider(TinyLeaseProvider):\n",
+        ),
+    ):
+        assert header in block, f"the renew_leases block no longer adds to {header.strip()}"
+        block = block.replace(header, subclass)
+    return block
+
+
+@pytest.mark.slow
+def test_guide_renew_leases_block_runs_on_the_guide_store(
+    guide_package: Path, tmp_path: Path
+) -> None:
+    """The optional batch renewal, added as the page says, passes the suite's batch checks."""
+    package = tmp_path / "leasekit-tinystore"
+    shutil.copytree(guide_package, package)
+    init = package / "leasekit_tinystore" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8") + "\n\n" + renew_leases_snippet())
+    selected = " or ".join(sorted(BATCHED_RENEWAL_CHECKS))
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "-k",
+            f"TestTinyLeaseProvider and not Blocking and ({selected})",
+        ],
+        cwd=package,
+        pythonpath=package,
+    )
+    output = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, output
+    assert re.search(r"\b\d+ passed\b", output), output
+    assert "skipped" not in output, output

@@ -198,3 +198,29 @@ def test_the_project_cites_only_files_it_contains() -> None:
         if outside in (ROOT / name).read_text(encoding="utf-8")
     ]
     assert not citing, f"{outside} is not in the repository, yet cited by {citing}"
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_election_page_prints_what_it_shows_on_memory_and_on_sqlite(
+    store: str, tmp_path: Path
+) -> None:
+    # SQLite has no release notifications: the successor is elected at a poll, later
+    # than on memory://. The page's output must not depend on that.
+    blocks = fenced_blocks(DOCS / "election.md")
+    index = next(i for i, (lang, body) in enumerate(blocks) if "leasekit.elect(" in body)
+    (code_lang, code), (shown_lang, shown) = blocks[index], blocks[index + 1]
+    assert (code_lang, shown_lang) == ("python", "text")
+    if store == "sqlite":
+        code = code.replace('"memory://"', repr(f"sqlite:///{tmp_path / 'election.db'}"))
+        assert "sqlite:///" in code
+    assert run_python("-c", code, cwd=tmp_path) == shown
+
+
+def test_overview_names_every_in_tree_backend() -> None:
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "backends").glob("*.md"))
+    assert "backends/mysql.md" in pages
+    missing = [page for page in pages if f"]({page})" not in text]
+    assert not missing, f"docs/index.md does not link the backend pages {missing}"
+    (stores,) = [line for line in text.splitlines() if line.startswith("| stores |")]
+    assert "MySQL/MariaDB" in stores.split("|")[2]  # leasekit's column of the comparison

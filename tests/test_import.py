@@ -100,3 +100,13 @@ def test_hooks_and_plugins_share_state_without_importing_each_other() -> None:
     assert "_hooks" not in _leasekit_imports(package / "plugins.py")
     state = _leasekit_imports(package / "_plugin_state.py")
     assert state.isdisjoint({"_hooks", "plugins"}), state
+
+
+def test_dir_shows_the_public_api_and_not_what_the_package_imports_for_itself() -> None:
+    shown = dir(leasekit)
+    assert not {"Any", "Iterable", "TYPE_CHECKING", "annotations", "importlib"} & set(shown)
+    assert set(leasekit.__all__) <= set(shown)
+    assert {"sync", "fencing", "testing", "plugins", "backend"} <= set(shown)
+    assert shown == sorted(shown)
+    for name in shown:
+        getattr(leasekit, name)  # every name shown is there

@@ -88,3 +88,19 @@ def test_the_tests_session_installs_leasekits_own_test_extra(
     extras = next(a[-1] for a in installed if a[0] == "-e")
     assert extras.startswith(".[")
     assert "self-test" in extras[2:-1].split(",")
+
+
+def test_the_tests_session_installs_mypy_so_the_guides_type_check_runs(
+    sessions: dict[str, Callable[[Any], None]],
+) -> None:
+    # Without mypy, tests/test_docs_backend_guide.py's strict check of the guide's
+    # package skips, and a reader's `mypy --strict` could fail unnoticed.
+    installed: dict[str, list[str]] = {}
+    for name in ("tests", "types"):
+        session = RecordingSession(())
+        packages: list[str] = []
+        session.install = lambda *args, into=packages: into.extend(args)  # type: ignore[method-assign]
+        sessions[name](session)
+        installed[name] = [p for p in packages if p.startswith("mypy")]
+    assert installed["tests"], "nox -s tests does not install mypy"
+    assert installed["tests"] == installed["types"]  # one pin for both

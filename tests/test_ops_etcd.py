@@ -146,8 +146,11 @@ def test_release_frees_the_key_and_revokes_the_lease_it_left_empty() -> None:
     deleted = pb.ResponseOp(
         response_delete_range=pb.DeleteRangeResponse(prev_kvs=[kv("k", "a", lease=9)])
     )
-    assert finish(op, pb.TxnResponse(succeeded=True, responses=[deleted])) is None
+    assert finish(op, pb.TxnResponse(succeeded=True, responses=[deleted])) is True
     assert c.revoked == [9]
+    op = _ops.release(c.ctx, "k", "a")
+    next(op)
+    assert finish(op, pb.TxnResponse(succeeded=False)) is False  # "a" held nothing
 
 
 def acquired(c: Ctx, lease: int) -> None:

@@ -97,10 +97,12 @@ def test_owner_decodes_the_holder_or_none() -> None:
 
 
 def test_release_notifies_on_the_channel_only_when_given_one() -> None:
-    sent, _ = replay(_ops.release(SQL, "k", "alice"), [1])
+    sent, released = replay(_ops.release(SQL, "k", "alice"), [1])
     assert (sent[0].statement, sent[0].reads) == (SQL.release, "rowcount")
+    assert released is True  # rowcount 1: the statement freed alice's lease
     assert "channel" not in (sent[0].params or {})
-    sent, _ = replay(_ops.release(SQL, "k", "alice", "leases_released"), [0])
+    sent, released = replay(_ops.release(SQL, "k", "alice", "leases_released"), [0])
+    assert released is False
     assert sent[0].statement == SQL.release_notify
     assert sent[0].params == {"key": b"k", "owner": b"alice", "channel": "leases_released"}
 

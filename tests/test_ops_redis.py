@@ -100,9 +100,10 @@ def test_owner_is_one_get_of_the_lease() -> None:
 
 def test_release_and_release_grant_publish_as_told() -> None:
     result, [call] = run(_ops.release(CTX, "k", "a"), [1])
-    assert result is None
+    assert result is True  # the script's 1: it deleted the lease
     assert (call.script, call.keys, call.args) == (_lua.RELEASE, (b"p:{k}",), (b"a", b"PUBLISH"))
-    _, [call] = run(_ops.release(FOREVER, "k", "a"), [0])
+    result, [call] = run(_ops.release(FOREVER, "k", "a"), [0])
+    assert result is False
     assert call.args == (b"a", b"")  # no channel: nothing published
     _, [call] = run(_ops.release_grant(CTX, "k", "a", 42), [1])
     assert (call.script, call.keys, call.args) == (

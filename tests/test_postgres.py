@@ -227,6 +227,12 @@ async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
     [
         ("postgresql://h/db?colour=blue", {}, "url"),  # libpq knows no such parameter
         ("postgresql://h:notaport/db", {}, "url"),
+        # Values libpq refuses only when it starts connecting: refused before any I/O.
+        ("postgresql://h/db?sslmode=bogus", {}, "url"),
+        ("postgresql://h/db?connect_timeout=soon", {}, "url"),
+        ("postgresql://h/db?port=abc", {}, "url"),
+        ("postgresql://h1,h2/db?target_session_attrs=any-old", {}, "url"),
+        ("postgresql://h/db?gssencmode=always", {}, "url"),
         ("postgresql://h/db", {"colour": "blue"}, "options"),
         ("postgresql://h/db", {"autocommit": False}, "options"),
         ("postgresql://h/db?timeout_s=soon", {}, "timeout_s"),
@@ -256,6 +262,27 @@ def test_bad_urls_and_options_name_the_problem(
     with pytest.raises(leasekit.InvalidLeaseArgument) as info:
         leasekit.connect(url, **options)
     assert info.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "query", ["colour=blue", "sslmode=bogus", "connect_timeout=soon", "channel_binding=x"]
+)
+def test_a_bad_libpq_parameter_is_a_usage_error_on_one_line_in_both_apis(
+    query: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leasekit._cli import main  # noqa: PLC0415
+
+    url = f"postgresql://u:s3cret@127.0.0.1:1/db?{query}"
+    for connect in (leasekit.connect, leasekit.sync.connect):
+        with pytest.raises(leasekit.InvalidLeaseArgument) as info:
+            connect(url)
+        assert info.value.argument == "url"
+        assert "\n" not in str(info.value)
+        assert "s3cret" not in str(info.value)
+    assert main(["owner", url, "k"]) == 2  # a usage error, not a backend error (3)
+    err = capsys.readouterr().err
+    assert err.startswith("leasekit: error: invalid url: ")
+    assert err.count("\n") == 1, err
 
 
 def test_from_url_refuses_other_schemes_and_never_shows_the_password() -> None:

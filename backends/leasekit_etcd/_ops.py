@@ -396,8 +396,8 @@ def renew(ctx: Context, key: str, owner: str, ttl_ms: int) -> Operation[Request,
     return _renew(ctx, key, owner, ttl_s(ttl_ms))
 
 
-def release(ctx: Context, key: str, owner: str) -> Operation[Request, None]:
-    """Free ``key`` if ``owner`` holds it; anyone else's release changes nothing."""
+def release(ctx: Context, key: str, owner: str) -> Operation[Request, bool]:
+    """Free ``key`` if ``owner`` holds it; whether it did (anyone else's changes nothing)."""
     validate_key(key)
     validate_owner(owner)
     return _release(ctx, key, owner)
@@ -659,6 +659,7 @@ def _release(ctx: Context, key: str, owner: str) -> Op:
         ctx.seen_held.discard(key)
         for lease in detached_leases(reply):
             ctx.left_empty(lease)
+    return bool(reply.succeeded)
 
 
 def _release_grant(ctx: Context, key: str, owner: str, token: int) -> Op:

@@ -235,6 +235,10 @@ class EtcdLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._run(key, _ops.release(self._ctx, key, owner))
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        return await self._run(key, _ops.release(self._ctx, key, owner))
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
         await self._run(key, _ops.release_grant(self._ctx, key, owner, token))

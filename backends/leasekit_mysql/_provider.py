@@ -166,6 +166,10 @@ class MySQLLeaseProvider(BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._write(_ops.release(self._statements, key, owner), key)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        return await self._write(_ops.release(self._statements, key, owner), key) == 1
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
 

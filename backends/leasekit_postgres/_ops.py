@@ -125,8 +125,8 @@ def _owner(sql: _sql.Statements, key: str) -> Operation[str | None]:
 
 def release(
     sql: _sql.Statements, key: str, owner: str, channel: str | None = None
-) -> Operation[None]:
-    """Release ``key`` if ``owner`` holds it (a tombstone stays, see ``_sql``).
+) -> Operation[bool]:
+    """Release ``key`` if ``owner`` holds it (a tombstone stays, see ``_sql``); whether it did.
 
     With a ``channel``, the same statement notifies the waiters listening on it.
     """
@@ -137,7 +137,7 @@ def release(
     else:
         params = {"key": key.encode(), "owner": owner.encode(), "channel": channel}
         query = Query(sql.release_notify, params, "rowcount")
-    return _send(query)
+    return _changed_one(query)
 
 
 def release_grant(

@@ -19,7 +19,8 @@ from urllib.parse import quote, urlencode
 
 import psycopg
 import psycopg.errors
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
 from psycopg_pool import PoolTimeout
 
 from leasekit import (
@@ -338,10 +339,12 @@ def pool_settings(url: object, overrides: Mapping[str, object]) -> PoolSettings:
         driver_url += "?" + urlencode(options.driver, quote_via=quote)
     try:
         params = conninfo_to_dict(driver_url)
+        timeout_from_conninfo(params)  # psycopg's own check of connect_timeout
     except psycopg.Error as exc:
         raise InvalidLeaseArgument.for_argument(
-            "url", f"{exc} ({redact_url(parsed.original)!r})"
+            "url", f"{_one_line(exc)} ({redact_url(parsed.original)!r})"
         ) from None
+    _check_libpq_values(params, parsed.original)
     timeout_s: float = options["timeout_s"]
     if options["server_timeout"]:
         # A startup option, not a SET: it holds for the whole connection without any
@@ -357,6 +360,42 @@ def pool_settings(url: object, overrides: Mapping[str, object]) -> PoolSettings:
         max_size=options["pool_max_size"],
         provider={name: options[name] for name in PROVIDER_OPTIONS.names},
     )
+
+
+def _one_line(exc: BaseException) -> str:
+    # libpq's messages end with a newline, some span lines: a CLI error is one line.
+    return " ".join(str(exc).split())
+
+
+# A socket directory that does not exist: libpq's dry run below fails there, locally.
+_NO_SERVER = "/nonexistent/leasekit-option-check"
+
+
+def _check_libpq_values(params: dict[str, Any], url: str) -> None:
+    """Refuse a value libpq would refuse (``sslmode=bogus``, ``port=abc``), before any I/O.
+
+    libpq checks its parameters' values only when it starts connecting. So it starts
+    a connection here with the same parameters but every host replaced by a Unix
+    socket directory that does not exist: libpq checks the values first, and if they
+    pass, fails at once on the missing socket, having sent nothing anywhere. A failure
+    that is not that one is a bad value. Values libpq checks only on a TCP connection
+    (``keepalives``) are still refused at the first connection, as a backend error.
+    """
+    probe = dict(params)
+    hosts = str(probe.pop("hostaddr", None) or probe.get("host") or "").split(",")
+    probe["host"] = ",".join([_NO_SERVER] * len(hosts))
+    probe["hostaddr"] = ""  # set, so that no PGHOSTADDR in the environment applies
+    conn = pq.PGconn.connect_start(make_conninfo("", **probe).encode())
+    try:
+        if conn.status != pq.ConnStatus.BAD:
+            return
+        message = conn.get_error_message()
+    finally:
+        conn.finish()
+    if _NO_SERVER not in message:
+        raise InvalidLeaseArgument.for_argument(
+            "url", f"{' '.join(message.split())} ({redact_url(url)!r})"
+        )
 
 
 def _check_pool_sizes(options: ParsedOptions) -> None:

@@ -42,6 +42,7 @@ from ._options import (
     BACKEND,
     CAPABILITIES,
     ERRORS,
+    Settings,
     SettingsAttributes,
     describe,
     pool_settings,
@@ -56,7 +57,23 @@ PostgresClient: TypeAlias = AsyncClient
 _T = TypeVar("_T")
 
 
-class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
+class _PostgresProvider(SettingsAttributes):
+    """What both providers declare, and the settings they keep (their options, read-only)."""
+
+    backend: ClassVar[str] = BACKEND
+    capabilities: Capabilities = CAPABILITIES
+    errors: ClassVar[ErrorMap] = ERRORS
+
+    def _adopt(self, settings: Settings) -> None:
+        self._settings = settings
+        self._sql = settings.statements
+        self._channel = settings.channel
+        if not settings.notifications:
+            self.capabilities = settings.capabilities
+        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+
+
+class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
     """Leases in a PostgreSQL table: one conditional statement per operation.
 
     Pass your own ``psycopg_pool.AsyncConnectionPool`` or ``psycopg.AsyncConnection``
@@ -81,10 +98,6 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
     A caller's pool or connection is used as it is (open it first); pass
     ``close_client=True`` to have :meth:`aclose` close it too.
     """
-
-    backend: ClassVar[str] = BACKEND
-    capabilities: Capabilities = CAPABILITIES
-    errors: ClassVar[ErrorMap] = ERRORS
 
     def __init__(
         self,
@@ -112,12 +125,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         )
         self._io = AsyncTransport(client, settings, owns_client=bool(close_client))
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
-        self._settings = settings
-        self._sql = settings.statements
-        self._channel = settings.channel
-        if not settings.notifications:
-            self.capabilities = settings.capabilities
-        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+        self._adopt(settings)
         self._sweeper: asyncio.Task[Any] | None = None
         # Release notifications: pg_notify from the releasing statement, one LISTEN
         # connection per provider outside the pool (see _notify).
@@ -226,6 +234,15 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         args = (self._sql, key, owner, self._channel)
         await self._send(_ops.release(*args), key, _ops.release, args, write=True)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``).
+
+        Not retried on a lost connection, unlike ``release_lease``: a release that
+        landed before the connection died would answer False the second time.
+        """
+        operation = _ops.release(self._sql, key, owner, self._channel)
+        return await self._send(operation, key, write=True)
+
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
 
@@ -328,7 +345,7 @@ class PostgresLeaseProvider(SettingsAttributes, BackendProvider):
         return await self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))
 
 
-class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
+class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
     """Leases in PostgreSQL from blocking code: the async provider's operations on psycopg's pool.
 
     Safe to share between threads. Made by ``leasekit.sync.connect("postgresql://...")``
@@ -339,20 +356,11 @@ class PostgresSyncLeaseProvider(SettingsAttributes, SyncBackendProvider):
     releases and transfers notify the async provider's waiters.
     """
 
-    backend: ClassVar[str] = BACKEND
-    capabilities: Capabilities = CAPABILITIES
-    errors: ClassVar[ErrorMap] = ERRORS
-
     def __init__(self, pool: ConnectionPool[Any], *, close_client: bool = False, **options: Any):
         settings = provider_settings(options)
         self._io = BlockingTransport(pool, settings)
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
-        self._settings = settings
-        self._sql = settings.statements
-        self._channel = settings.channel
-        if not settings.notifications:
-            self.capabilities = settings.capabilities
-        self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
+        self._adopt(settings)
 
     @property
     def client(self) -> ConnectionPool[Any]:

@@ -287,24 +287,13 @@ class AutoPipeline:
     # -- one request alone: the caller's own task does the I/O --------------------------
 
     async def _alone(self, request: _Single) -> Any:
-        client = self._client
         slots = self.slots
         self._busy += 1
         try:
             if slots is not None:
                 await slots.acquire()
             try:
-                if isinstance(request, Acknowledged):
-                    return await self._acknowledged(request)
-                if not isinstance(request, ScriptCall):
-                    return await client.execute_command(*request)
-                try:
-                    return await client.execute_command(*request.evalsha())
-                except NoScriptError:
-                    # The server's script cache was flushed, or this is its first call
-                    # here: EVAL runs the script and caches it again, so EVALSHA works
-                    # next time.
-                    return await client.execute_command(*request.eval())
+                return await self._execute(request)
             finally:
                 if slots is not None:
                     slots.release()
@@ -431,7 +420,12 @@ class AutoPipeline:
         return replies
 
     async def _execute(self, request: _Single) -> Any:
-        """One request on its own (as in :meth:`_alone`, whose copy saves a frame)."""
+        """One request on its own: a script by EVALSHA, or by EVAL when the server lacks it.
+
+        The server's script cache was flushed, or this is the script's first call there:
+        EVAL runs it and caches it again, so EVALSHA works next time. An acknowledged
+        request goes with its ``WAIT`` (:meth:`_acknowledged`).
+        """
         client = self._client
         if isinstance(request, Acknowledged):
             return await self._acknowledged(request)

@@ -86,6 +86,25 @@ local function touch_counter(counter_key, counter_px)
     redis.call('PEXPIRE', counter_key, counter_px)
   end
 end
+
+-- True when `owner` holds the live lease at `lease_key`.
+local function held_by(lease_key, owner)
+  local value = redis.call('GET', lease_key)
+  return value ~= false and parse(value) == owner
+end
+
+-- A fresh TTL for a live lease, its counter kept at least as long.
+local function extend(lease_key, counter_key, ttl_ms, counter_px)
+  redis.call('PEXPIRE', lease_key, ttl_ms)
+  touch_counter(counter_key, counter_px)
+end
+
+-- A new grant of `lease_key` to `owner`, with a new token (returned, as a string).
+local function grant(lease_key, counter_key, owner, ttl_ms, counter_px)
+  local token = next_token(counter_key, counter_px)
+  redis.call('SET', lease_key, token .. ' ' .. owner, 'PX', ttl_ms)
+  return token
+end
 """
 
 # KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever).
@@ -107,13 +126,10 @@ if value then
   if holder ~= ARGV[1] then
     return holder
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  touch_counter(KEYS[2], ARGV[3])
+  extend(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
   return tonumber(token)
 end
-local token = next_token(KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
-return tonumber(token)
+return tonumber(grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]))
 """,
 )
 
@@ -125,8 +141,7 @@ RELEASE = Script(
     "release",
     _PRELUDE
     + """
-local value = redis.call('GET', KEYS[1])
-if value and parse(value) == ARGV[1] then
+if held_by(KEYS[1], ARGV[1]) then
   redis.call('DEL', KEYS[1])
   notify(KEYS[1], ARGV[2])
   return 1
@@ -162,10 +177,8 @@ RENEW = Script(
     "renew",
     _PRELUDE
     + """
-local value = redis.call('GET', KEYS[1])
-if value and parse(value) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  touch_counter(KEYS[2], ARGV[3])
+if held_by(KEYS[1], ARGV[1]) then
+  extend(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
   return 1
 end
 return 0
@@ -181,21 +194,14 @@ TRANSFER = Script(
     "transfer",
     _PRELUDE
     + """
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return 0
-end
-local holder = parse(value)
-if holder ~= ARGV[1] then
+if not held_by(KEYS[1], ARGV[1]) then
   return 0
 end
 if ARGV[2] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  touch_counter(KEYS[2], ARGV[4])
+  extend(KEYS[1], KEYS[2], ARGV[3], ARGV[4])
   return 1
 end
-local token = next_token(KEYS[2], ARGV[4])
-redis.call('SET', KEYS[1], token .. ' ' .. ARGV[2], 'PX', ARGV[3])
+grant(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4])
 notify(KEYS[1], ARGV[5])
 return 1
 """,
@@ -220,8 +226,7 @@ local counter_ttl = tonumber(ARGV[1])
 local renewed = {}
 for i = 1, #KEYS do
   local lease = KEYS[i]
-  local value = redis.call('GET', lease)
-  if value and parse(value) == ARGV[2 * i] then
+  if held_by(lease, ARGV[2 * i]) then
     local ttl = ARGV[2 * i + 1]
     redis.call('PEXPIRE', lease, ttl)
     if counter_ttl >= 0 then

@@ -198,16 +198,23 @@ def _raw(value: bytes | str) -> bytes:
 # -- the contract -----------------------------------------------------------------------
 
 
-def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
-    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+def _owned_for(
+    ctx: OpContext, script: _lua.Script, key: str, owner: str, ttl_ms: int
+) -> ScriptCall:
+    """``script`` on ``key`` for ``owner`` and ``ttl_ms`` (ACQUIRE, RENEW), arguments checked."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.ACQUIRE,
+    return ScriptCall(
+        script,
         _names(ctx.raw_prefix, key),
         (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
     )
+
+
+def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
+    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
+    call = _owned_for(ctx, _lua.ACQUIRE, key, owner, ttl_ms)
     return _acquire(ctx, _writing(ctx, call), key, owner)
 
 
@@ -247,14 +254,14 @@ def _owner(ctx: OpContext, command: Command, key: str) -> Operation[Request, str
         raise _garbled(ctx, key, exc) from exc
 
 
-def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, None]:
-    """``RELEASE`` of ``owner``'s lease on ``key``; the reply carries nothing to read."""
+def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, bool]:
+    """``RELEASE`` of ``owner``'s lease on ``key``: True when it took effect."""
     validate_key(key)
     validate_owner(owner)
     call = ScriptCall(
         _lua.RELEASE, (_keys.lease_name(ctx.raw_prefix, key),), (owner.encode(), ctx.publish)
     )
-    return _ignore(call)
+    return _flag(ctx, call, key)  # releases are not acknowledged (docs/backends/redis.md)
 
 
 def release_grant(ctx: OpContext, key: str, owner: str, token: int) -> Operation[Request, None]:
@@ -272,15 +279,7 @@ def _ignore(request: Request) -> Operation[Request, None]:
 
 def renew(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, bool]:
     """``RENEW`` of ``owner``'s lease on ``key``: True when it took effect."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.RENEW,
-        _names(ctx.raw_prefix, key),
-        (owner.encode(), ttl_ms, _counter_px(ttl_ms, ctx.counter_ttl_ms)),
-    )
-    return _flag(ctx, _writing(ctx, call), key)
+    return _flag(ctx, _writing(ctx, _owned_for(ctx, _lua.RENEW, key, owner, ttl_ms)), key)
 
 
 def transfer(
@@ -306,8 +305,12 @@ def transfer(
 
 
 def _flag(ctx: OpContext, request: Request, key: str) -> Operation[Request, bool]:
-    # RENEW and TRANSFER answer 1 when they took effect, else 0.
-    reply, acks = _unpack(ctx, (yield request))
+    # RELEASE, RENEW and TRANSFER answer 1 when they took effect, else 0; an
+    # acknowledged one also the replicas' count, which a write must reach.
+    reply = yield request
+    if not isinstance(request, Acknowledged):
+        return bool(reply == 1)
+    reply, acks = reply
     if reply == 1:
         _check_acks(ctx, key, acks)
         return True

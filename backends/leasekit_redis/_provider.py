@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import redis
 import redis.asyncio
 
-from leasekit import LeaseResult, validate_key
+from leasekit import Capabilities, LeaseResult, validate_key
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
@@ -45,7 +45,15 @@ __all__ = ["LeaseRecord", "RedisClient", "RedisLeaseProvider", "RedisSyncLeasePr
 _INSPECT_BATCH = 256
 
 
-class RedisLeaseProvider(BackendProvider):
+class _RedisProvider:
+    """What both Redis providers declare."""
+
+    backend: ClassVar[str] = _options.BACKEND
+    capabilities: Capabilities = _options.CAPABILITIES
+    errors: ClassVar[ErrorMap] = _options.ERRORS
+
+
+class RedisLeaseProvider(_RedisProvider, BackendProvider):
     """Leases in Redis: atomic Lua scripts, server-clock TTLs, fencing tokens.
 
     Pass your own ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` (which
@@ -80,10 +88,6 @@ class RedisLeaseProvider(BackendProvider):
     depends on the server's RDB/AOF configuration, and a failover may lose the last
     writes. Fencing tokens keep increasing across both.
     """
-
-    backend = _options.BACKEND
-    capabilities = _options.CAPABILITIES
-    errors: ClassVar[ErrorMap] = _options.ERRORS
 
     def __init__(
         self,
@@ -224,9 +228,13 @@ class RedisLeaseProvider(BackendProvider):
         return await self._call(drive_async(operation, self._exchange), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
+        await self.release_if_held(key, owner)
+
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
         operation = _ops.release(self._ctx, key, owner)
         self._refuse_if_closed()
-        await self._call(drive_async(operation, self._exchange), key)
+        return await self._call(drive_async(operation, self._exchange), key)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``)."""
@@ -347,7 +355,7 @@ class RedisLeaseProvider(BackendProvider):
                 await aclose()
 
 
-class RedisSyncLeaseProvider(SyncBackendProvider):
+class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
     """Leases in Redis from blocking code: the same operations on redis-py's sync client.
 
     Safe to share between threads. Made by ``leasekit.sync.connect("redis://...")``
@@ -359,10 +367,6 @@ class RedisSyncLeaseProvider(SyncBackendProvider):
     sockets have timeouts (a client :meth:`from_url` builds always has). Each operation
     is sent from the calling thread: one round trip, no thread hop.
     """
-
-    backend = _options.BACKEND
-    capabilities = _options.CAPABILITIES
-    errors = _options.ERRORS
 
     def __init__(
         self,

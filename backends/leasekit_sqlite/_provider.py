@@ -136,6 +136,10 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
     async def release_lease(self, key: str, owner: str) -> None:
         await self._write(_ops.release(key, owner), key)
 
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
+        return await self._write(_ops.release(key, owner), key)
+
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._write(_ops.renew(key, owner, ttl_ms), key)
 

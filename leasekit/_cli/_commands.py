@@ -20,12 +20,17 @@ from typing import Any, cast
 
 import leasekit
 
-from .. import available_backends, connect
+from .. import available_backends, connect, validate_key, validate_owner, validate_ttl_ms
 from .._capabilities import capabilities_of
 from .._demo import DemoConfig, Views, run_demo
 from .._errors import LeaseBackendTimeout
 from .._registry import scheme_of
-from ..backend._records import SupportsInspect, SupportsMigrate, supports
+from ..backend._records import (
+    SupportsInspect,
+    SupportsMigrate,
+    SupportsReleaseReport,
+    supports,
+)
 from ._demo_view import print_report, render
 from ._parser import EXIT_NO, EXIT_OK, UsageError
 
@@ -33,6 +38,12 @@ __all__ = ["COMMANDS", "lease_command"]
 
 
 # -- demo -----------------------------------------------------------------------------------
+
+LEASE_IN_ONE_SENTENCE = (
+    "A lease is a key that one owner at a time holds for a bounded time (its TTL): the "
+    "holder renews it while it works, the others are told who holds it, and if the "
+    "holder stops renewing, the key is free again when the TTL runs out."
+)
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -54,8 +65,8 @@ async def _demo(args: argparse.Namespace) -> int:
             print(
                 f"leasekit demo: {args.workers} workers ({mode}), {args.keys} keys, "
                 f"{args.seconds:g} s, TTL {args.ttl_ms} ms on {url}",
-                flush=True,
             )
+            print(LEASE_IN_ONE_SENTENCE, flush=True)
             if args.quiet:
                 report = await run_demo(provider, config)
             else:
@@ -103,7 +114,18 @@ def _for_reading(url: str) -> dict[str, Any]:
     return dict(declared) if isinstance(declared, Mapping) else {}
 
 
+def _validate_arguments(args: argparse.Namespace) -> None:
+    """Refuse a bad key, owner or TTL before opening the store (which may create it)."""
+    validate_key(args.key)
+    for name, argument in (("owner", "owner"), ("from", "from_owner"), ("to", "to_owner")):
+        if hasattr(args, name):
+            validate_owner(getattr(args, name), argument)
+    if hasattr(args, "ttl_ms"):
+        validate_ttl_ms(args.ttl_ms)
+
+
 async def lease_command(args: argparse.Namespace) -> int:
+    _validate_arguments(args)
     options = _for_reading(args.url) if args.command == "owner" else {}
     async with connect(args.url, **options) as provider:
         if args.command == "acquire":
@@ -125,12 +147,26 @@ async def lease_command(args: argparse.Namespace) -> int:
             _emit(args, {"key": args.key, "renewed": renewed}, "renewed" if renewed else "not held")
             return EXIT_OK if renewed else EXIT_NO
         if args.command == "release":
-            await provider.release_lease(args.key, args.owner)
-            _emit(args, {"key": args.key, "released": True}, "released (if it was held)")
-            return EXIT_OK
+            return await _release(args, provider)
         moved = await provider.transfer_lease(args.key, getattr(args, "from"), args.to, args.ttl_ms)
         _emit(args, {"key": args.key, "transferred": moved}, "transferred" if moved else "not held")
         return EXIT_OK if moved else EXIT_NO
+
+
+async def _release(args: argparse.Namespace, provider: leasekit.LeaseProvider) -> int:
+    """Release; say whether it was released where the backend can tell, in the same step.
+
+    Exit 0 either way (releasing a key one does not hold is a no-op, not a failure);
+    ``released`` is ``null`` on a backend without ``release_if_held``.
+    """
+    if not supports(provider, SupportsReleaseReport):
+        await provider.release_lease(args.key, args.owner)
+        _emit(args, {"key": args.key, "released": None}, "released (if it was held)")
+        return EXIT_OK
+    released = await cast("SupportsReleaseReport", provider).release_if_held(args.key, args.owner)
+    text = "released" if released else f"not released: {args.owner} did not hold it"
+    _emit(args, {"key": args.key, "released": released}, text)
+    return EXIT_OK
 
 
 async def _inspect(args: argparse.Namespace) -> int:

@@ -65,6 +65,7 @@ from ._records import (
     SupportsFlush,
     SupportsInspect,
     SupportsMigrate,
+    SupportsReleaseReport,
     SupportsSweep,
     supports,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "SupportsMigrate",
     "SupportsReleaseGrant",
     "SupportsReleaseNotifications",
+    "SupportsReleaseReport",
     "SupportsRemaining",
     "SupportsRenewMany",
     "SupportsSweep",

@@ -196,7 +196,7 @@ class BackendProvider(ProviderBase):
             f"no answer within {self.timeout_s:g} s{self._where()}", backend=self.backend, key=key
         )
 
-    async def _call(  # noqa: PLR0912 (one frame per call: every call's hot path)
+    async def _call(
         self, awaitable: Awaitable[_T], key: str | None = None, grant: str | None = None
     ) -> _T:
         """Await one driver call: refused once closed, bounded by ``timeout_s``, errors mapped.
@@ -225,25 +225,16 @@ class BackendProvider(ProviderBase):
             if watch is None:  # Python 3.10, or called outside a task
                 return await asyncio.wait_for(awaitable, self.timeout_s)
             result = await awaitable
-        except asyncio.CancelledError:
-            if deadlines.close(watch):
-                raise self._timeout(key) from None
-            if grant is not None and key is not None:
-                self._start_undo(key, grant, None)
-            raise
-        except self.errors.types as exc:
-            raise self.errors.translate(exc, key=key, where=self._where()) from exc
+        except BaseException as exc:  # noqa: BLE001 (re-raised: mapped, or as it was)
+            raise self._failed(exc, watch, key, grant, None)  # noqa: B904 (_failed chains it)
         finally:
-            deadlines.close(watch)
-            self._inflight -= 1
-            if not self._inflight and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
+            self._left(watch)
         if watch.task.cancelling() > watch.cancelling:  # type: ignore[union-attr]
             self._swallowed(key, grant, result)
         return result
 
     @types.coroutine
-    def _call_detached(  # noqa: PLR0912, PLR0915 (one frame per call: this is every call's hot path)
+    def _call_detached(  # noqa: PLR0912 (one frame per call: this is every call's hot path)
         self, coroutine: Coroutine[Any, Any, _T], key: str | None = None, grant: str | None = None
     ) -> Generator[Any, Any, _T]:
         """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
@@ -319,21 +310,49 @@ class BackendProvider(ProviderBase):
                     step, argument = coroutine.throw, exc
                 else:
                     step = send
-        except asyncio.CancelledError:
-            if deadlines.close(watch):
+        except BaseException as exc:  # noqa: BLE001 (re-raised: mapped, or as it was)
+            raise self._failed(exc, watch, key, grant, abandoned)  # noqa: B904 (_failed chains it)
+        finally:
+            self._left(watch)
+
+    def _failed(
+        self,
+        exc: BaseException,
+        watch: Any,
+        key: str | None,
+        grant: str | None,
+        abandoned: asyncio.Future[Any] | None,
+    ) -> BaseException:
+        """What a call that raised ``exc`` raises in turn (both call paths end here).
+
+        Its own deadline's cancellation becomes :class:`~leasekit.LeaseBackendTimeout`
+        (an abandoned grant is kept as unsettled); any other cancellation propagates,
+        undoing a grant it may have made; a driver error becomes leasekit's, chained.
+        """
+        if isinstance(exc, asyncio.CancelledError):
+            if self._deadlines.close(watch):
                 if grant is not None and key is not None and abandoned is not None:
                     self._keep_unsettled(key, grant, abandoned)
-                raise self._timeout(key) from None
+                timeout = self._timeout(key)
+                timeout.__cause__ = None
+                timeout.__suppress_context__ = True
+                return timeout
             if grant is not None and key is not None:
                 self._start_undo(key, grant, abandoned)
-            raise
-        except self.errors.types as exc:
-            raise self.errors.translate(exc, key=key, where=self._where()) from exc
-        finally:
-            deadlines.close(watch)
-            self._inflight -= 1
-            if not self._inflight and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
+            return exc
+        if isinstance(exc, self.errors.types):
+            mapped = self.errors.translate(exc, key=key, where=self._where())
+            mapped.__cause__ = exc  # as ``raise mapped from exc``
+            mapped.__suppress_context__ = True
+            return mapped
+        return exc
+
+    def _left(self, watch: Any) -> None:
+        """A call ends: its deadline closed, and ``aclose`` told when none is in flight."""
+        self._deadlines.close(watch)
+        self._inflight -= 1
+        if not self._inflight and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     async def _call_in_task(
         self, coroutine: Coroutine[Any, Any, _T], key: str | None, grant: str | None = None
@@ -360,10 +379,7 @@ class BackendProvider(ProviderBase):
                 self._start_undo(key, grant, task)
             raise
         finally:
-            self._deadlines.close(watch)
-            self._inflight -= 1
-            if not self._inflight and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
+            self._left(watch)
 
     def _abandon_coroutine(
         self,

@@ -10,6 +10,7 @@ __all__ = [
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
+    "SupportsReleaseReport",
     "SupportsSweep",
     "supports",
 ]
@@ -45,6 +46,19 @@ class SupportsMigrate(Protocol):
         ...
 
 
+class SupportsReleaseReport(Protocol):
+    """A backend whose release says whether it released (``leasekit release --json``).
+
+    The contract's ``release_lease`` returns nothing; reading the owner before or
+    after it would race with other holders. ``release_if_held`` is the same one atomic
+    step, and returns what that step found.
+    """
+
+    async def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it live, as ``release_lease``; True if it did."""
+        ...
+
+
 class SupportsSweep(Protocol):
     """A backend that keeps records of expired leases and can delete them."""
 
@@ -64,6 +78,7 @@ class SupportsFlush(Protocol):
 _EXTRAS: dict[object, str] = {
     SupportsInspect: "inspect",
     SupportsMigrate: "migrate",
+    SupportsReleaseReport: "release_if_held",
     SupportsSweep: "sweep",
     SupportsFlush: "flush",
 }

@@ -44,7 +44,7 @@ def wait_for(
     poll_s: float = DEFAULT_POLL_S,
     max_poll_s: float = DEFAULT_MAX_POLL_S,
 ) -> LeaseResult:
-    """The blocking :func:`leasekit.wait_for`: poll until acquired, or raise ``LeaseHeld``."""
+    """The blocking :func:`leasekit.wait_for`: wait until acquired, or raise ``LeaseHeld``."""
     facade = facade_of(provider)
     return facade.run(
         _async_wait_for,
