@@ -1,6 +1,6 @@
 """What the async and the blocking Redis providers share: options, URL parsing, errors.
 
-Over 500 lines as one module: every URL form and option, checked once for both providers.
+One module, over 500 lines: every URL form and option, checked once for both providers.
 
 One source for both: :func:`parse` reads a ``redis://`` / ``rediss://`` /
 ``redis+sentinel://`` URL and options into :class:`RedisSettings` (everything
