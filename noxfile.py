@@ -36,11 +36,19 @@ def tests(session: nox.Session) -> None:
     """The test suite: core units, the conformance suite on every available backend."""
     # hatchling builds the example third-party backend offline, as a user's pip would.
     session.install("hatchling", MYPY)
-    # Two pytest-xdist workers (one per core here): most of the suite waits on servers
-    # and TTLs, not the CPU. Each worker starts its own servers. `-- -n 0` runs it in
-    # one process; LEASEKIT_TEST_WORKERS sets the count.
-    workers = os.environ.get("LEASEKIT_TEST_WORKERS", "auto")
-    install_and_run(session, TEST_EXTRAS, "pytest", "-n", workers, *session.posargs)
+    # Two pytest-xdist workers per core: most of the suite waits on servers and TTLs,
+    # not the CPU (docs/testing.md, Suite time: four workers on two cores ran the etcd
+    # and SQLite conformance files in half the time of two). Each worker starts its own
+    # servers, on first use. `-- -n 0` runs it in one process; LEASEKIT_TEST_WORKERS
+    # sets the count.
+    # --dist worksteal: each worker starts on its own contiguous share of the suite in
+    # file order (so it starts only the servers of its share) and takes tests from the
+    # end of another's queue when its own runs out, so no worker idles at the end behind
+    # one that was handed the long etcd and process checks (docs/testing.md, Suite time).
+    workers = os.environ.get("LEASEKIT_TEST_WORKERS") or str(2 * (os.cpu_count() or 1))
+    install_and_run(
+        session, TEST_EXTRAS, "pytest", "-n", workers, "--dist", "worksteal", *session.posargs
+    )
 
 
 @nox.session(python=PYTHON)

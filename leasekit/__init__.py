@@ -46,6 +46,7 @@ from ._errors import (
     StaleFencingToken,
 )
 from ._hold import LeaseHold, hold
+from ._lock import Lock, LockError, LockNotOwnedError
 from ._memory import MemoryLeaseProvider
 from ._owners import new_owner_id
 from ._registry import BackendInfo, BackendRegistry
@@ -82,6 +83,9 @@ __all__ = [
     "LeaseProviderClosed",
     "LeaseResult",
     "LeasekitWarning",
+    "Lock",
+    "LockError",
+    "LockNotOwnedError",
     "ManagedLeaseProvider",
     "MemoryLeaseProvider",
     "NoopLeaseProvider",

@@ -71,6 +71,8 @@ class LeaseHold(Renewing):
         on_lost: OnLost = "cancel",
         wait_s: float | None = 0.0,
         clock: Clock | None = None,
+        poll_s: float = DEFAULT_POLL_S,
+        max_poll_s: float = DEFAULT_MAX_POLL_S,
     ) -> None:
         self.key = validate_key(key)
         self.owner = validate_owner(owner)
@@ -85,6 +87,9 @@ class LeaseHold(Renewing):
             )
         self.on_lost = on_lost
         self._wait_s = check_wait_s(wait_s, "wait_s")
+        # How a wait polls where the store does not notify (leasekit.Lock passes its sleep).
+        self._poll_s = poll_s
+        self._max_poll_s = max(poll_s, max_poll_s)
         self._clock: Clock = REAL_CLOCK if clock is None else clock
         # Operations go through the emitting wrapper whether or not plugins exist now
         # (it costs two clock reads per operation, nothing for a hold); an emitting
@@ -152,8 +157,8 @@ class LeaseHold(Renewing):
             self.owner,
             self.ttl_ms,
             timeout_s=self._wait_s,
-            poll_s=DEFAULT_POLL_S,
-            max_poll_s=DEFAULT_MAX_POLL_S,
+            poll_s=self._poll_s,
+            max_poll_s=self._max_poll_s,
             clock=self._clock,
         )
         if not result.acquired:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._plugin_holdtimes import HoldTimes
 from .hookspecs import hookimpl
 
 try:
@@ -37,6 +38,15 @@ class OtelMetricsPlugin:
       ``lease.backend``; failures add ``error.type``, the exception's class name.
     - ``lease.operation.duration`` (histogram, seconds): the latency of the same
       operations, with the same attributes.
+    - ``lease.wait.duration`` (histogram, seconds; ``lease.backend``, ``lease.outcome``
+      ``acquired`` or ``timed_out``): how long each wait for a lease took.
+    - ``lease.hold.duration`` (histogram, seconds; ``lease.backend``, ``lease.end``
+      ``released``, ``transferred`` or ``lost``): grant to end, as this process saw it.
+    - ``lease.lost`` (counter; ``lease.backend``, ``lease.lost.reason``): leases lost.
+    - ``lease.renewal.lag`` (histogram, seconds; ``lease.backend``): how late each
+      successful renewal of a :func:`leasekit.hold` landed after it was due.
+
+    Acquire outcomes are ``lease.operations`` with ``lease.operation="acquire"``.
 
     Keys and owners are deliberately not attributes: they are unbounded.
     """
@@ -55,6 +65,25 @@ class OtelMetricsPlugin:
             unit="s",
             description="Duration of lease operations",
         )
+        self.wait = meter.create_histogram(
+            "lease.wait.duration",
+            unit="s",
+            description="Time spent waiting for a lease, first attempt to grant or giving up",
+        )
+        self.hold = meter.create_histogram(
+            "lease.hold.duration",
+            unit="s",
+            description="Time leases were held, grant to release, transfer or loss",
+        )
+        self.lost = meter.create_counter(
+            "lease.lost", unit="{lease}", description="Leases lost, by reason"
+        )
+        self.renewal_lag = meter.create_histogram(
+            "lease.renewal.lag",
+            unit="s",
+            description="How late successful renewals landed after they were due",
+        )
+        self._holds = HoldTimes()
 
     def _record(
         self,
@@ -75,9 +104,15 @@ class OtelMetricsPlugin:
         if latency_s is not None:
             self.duration.record(latency_s, attributes)
 
+    def _ended(self, backend: str, key: str, owner: str, end: str) -> None:
+        held_s = self._holds.end(backend, key, owner)
+        if held_s is not None:
+            self.hold.record(held_s, {"lease.backend": backend, "lease.end": end})
+
     @hookimpl
-    def leasekit_acquired(self, backend: str, latency_s: float) -> None:
+    def leasekit_acquired(self, key: str, owner: str, backend: str, latency_s: float) -> None:
         self._record("acquire", "acquired", backend, latency_s)
+        self._holds.start(backend, key, owner)
 
     @hookimpl
     def leasekit_denied(self, backend: str, latency_s: float) -> None:
@@ -88,7 +123,20 @@ class OtelMetricsPlugin:
         self._record("renew", "renewed", backend, latency_s)
 
     @hookimpl
-    def leasekit_lost(self, backend: str, reason: str, latency_s: float | None) -> None:
+    def leasekit_waited(self, backend: str, acquired: bool, wait_s: float) -> None:
+        outcome = "acquired" if acquired else "timed_out"
+        self.wait.record(wait_s, {"lease.backend": backend, "lease.outcome": outcome})
+
+    @hookimpl
+    def leasekit_renewal_lag(self, backend: str, lag_s: float) -> None:
+        self.renewal_lag.record(lag_s, {"lease.backend": backend})
+
+    @hookimpl
+    def leasekit_lost(
+        self, key: str, owner: str, backend: str, reason: str, latency_s: float | None
+    ) -> None:
+        self.lost.add(1, {"lease.backend": backend, "lease.lost.reason": reason})
+        self._ended(backend, key, owner, "lost")
         # A refusal is the outcome of that operation; hold()'s own verdicts (the TTL ran
         # out on its clock, or its renewer failed) count as renewals that expired.
         operation = _LOST_OPERATION.get(reason, "renew")
@@ -96,12 +144,17 @@ class OtelMetricsPlugin:
         self._record(operation, outcome, backend, latency_s)
 
     @hookimpl
-    def leasekit_released(self, backend: str, latency_s: float) -> None:
+    def leasekit_released(self, key: str, owner: str, backend: str, latency_s: float) -> None:
         self._record("release", "released", backend, latency_s)
+        self._ended(backend, key, owner, "released")
 
     @hookimpl
-    def leasekit_transferred(self, backend: str, latency_s: float) -> None:
+    def leasekit_transferred(
+        self, key: str, owner: str, to_owner: str, backend: str, latency_s: float
+    ) -> None:
         self._record("transfer", "transferred", backend, latency_s)
+        self._ended(backend, key, owner, "transferred")
+        self._holds.start(backend, key, to_owner)
 
     @hookimpl
     def leasekit_failed(

@@ -55,7 +55,8 @@ class BackendInfo:
     the extras its entry point says it needs. ``loadable`` is ``None`` until checked,
     then whether importing it worked; ``error`` says why not. ``capabilities`` is what
     the loaded class declares (``None`` until checked, or if it declares them only per
-    instance).
+    instance). ``url_forms`` are the URL shapes beyond the plain one that the class
+    names in its ``url_forms`` attribute (a multi-host URL, say), once checked.
     """
 
     scheme: str
@@ -65,6 +66,7 @@ class BackendInfo:
     loadable: bool | None = None
     error: str | None = None
     capabilities: Capabilities | None = None
+    url_forms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +297,7 @@ class BackendRegistry:
                 loadable: bool | None = None
                 error: str | None = None
                 capabilities: Capabilities | None = None
+                url_forms: tuple[str, ...] = ()
                 if len(claims) > 1:
                     loadable = False
                     error = "scheme claimed by " + " and ".join(
@@ -315,6 +318,9 @@ class BackendRegistry:
                         declared = getattr(cls, "capabilities", None)
                         if isinstance(declared, Capabilities):
                             capabilities = declared
+                        forms = getattr(cls, "url_forms", ())
+                        if isinstance(forms, tuple):
+                            url_forms = tuple(str(form) for form in forms)
                 infos.append(
                     BackendInfo(
                         scheme=scheme,
@@ -324,6 +330,7 @@ class BackendRegistry:
                         loadable=loadable,
                         error=error,
                         capabilities=capabilities,
+                        url_forms=url_forms,
                     )
                 )
         return infos

@@ -150,8 +150,17 @@ class Renewing:
 
     def _renewed(self, start: float) -> None:
         """A renewal sent at ``start`` succeeded (called by the batcher, too)."""
+        due = self._renewed_at + self.renew_every_ms / 1000
         self._lost_cause = None
         self._believe_from(start)
+        if _hooks.relay() is not None:
+            _hooks.emit(
+                "leasekit_renewal_lag",
+                key=self.key,
+                owner=self.owner,
+                backend=self.backend,
+                lag_s=max(0.0, self._clock.monotonic() - due),
+            )
 
     async def _renew_until_lost(self) -> None:
         """Renew every ``renew_every_ms``; retry failures while the deadline allows.

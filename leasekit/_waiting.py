@@ -210,6 +210,18 @@ def check_poll_s(value: object, argument: str) -> float:
     return float(value)
 
 
+def _waited(provider: object, key: str, owner: str, acquired: bool, wait_s: float) -> None:
+    if _hooks.relay() is not None:
+        _hooks.emit(
+            "leasekit_waited",
+            key=key,
+            owner=owner,
+            backend=_hooks.backend_name(provider),
+            acquired=acquired,
+            wait_s=wait_s,
+        )
+
+
 async def acquire_polling(
     provider: LeaseProvider,
     key: str,
@@ -226,7 +238,8 @@ async def acquire_polling(
     Returns the last denied result once ``timeout_s`` has passed (``0``: one attempt,
     ``None``: no limit). Errors from the store propagate at once.
     """
-    deadline = None if timeout_s is None else clock.monotonic() + timeout_s
+    began = clock.monotonic()
+    deadline = None if timeout_s is None else began + timeout_s
     vanished = False
     granted = False
     try:
@@ -247,6 +260,7 @@ async def acquire_polling(
                     raise
                 if result.acquired:
                     granted = True
+                    _waited(provider, key, owner, True, clock.monotonic() - began)
                     return result, start
                 if result.owner is None and not vanished:
                     # The holder expired between the check and the answer: the key is
@@ -256,6 +270,7 @@ async def acquire_polling(
                     continue
                 vanished = False
                 if deadline is not None and clock.monotonic() >= deadline:
+                    _waited(provider, key, owner, False, clock.monotonic() - began)
                     return result, start
                 await waiter.pause(deadline)
     except BaseException:

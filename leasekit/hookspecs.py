@@ -40,8 +40,10 @@ __all__ = [
     "leasekit_failed",
     "leasekit_lost",
     "leasekit_released",
+    "leasekit_renewal_lag",
     "leasekit_renewed",
     "leasekit_transferred",
+    "leasekit_waited",
 ]
 
 PROJECT_NAME = "leasekit"
@@ -123,4 +125,29 @@ def leasekit_failed(  # noqa: PLR0917 (pluggy passes hook arguments by name, nev
     is ``None``), ``"release"``, ``"renew"`` or ``"transfer"``. The outcome of a write
     that failed is unknown (see :class:`leasekit.LeaseBackendError`).
     :func:`leasekit.hold` reports every failed renewal here before it retries.
+    """
+
+
+@hookspec
+def leasekit_waited(key: str, owner: str, backend: str, acquired: bool, wait_s: float) -> None:
+    """A waiting acquire ended: ``owner`` got ``key`` (``acquired``) or gave up waiting.
+
+    Emitted by everything that waits for a key (:func:`leasekit.hold`,
+    :func:`leasekit.wait_for`, :func:`leasekit.elect`, :class:`leasekit.Lock`), once
+    per wait, an acquire that succeeds at once included; ``wait_s`` is the time from
+    the first attempt to the answer that ended the wait (the granted acquire's, or the
+    last refusal's), measured with :func:`time.monotonic`. A wait that raised is
+    reported by ``leasekit_failed`` instead.
+    """
+
+
+@hookspec
+def leasekit_renewal_lag(key: str, owner: str, backend: str, lag_s: float) -> None:
+    """A renewal by :func:`leasekit.hold` succeeded ``lag_s`` seconds after it was due.
+
+    Due means ``renew_every_ms`` after the previous successful grant or renewal was
+    sent; the lag is the time from then until this renewal's answer came back (never
+    negative: a batched renewal sent a little early counts 0). It grows with a slow
+    store, retried failures and a busy event loop, and eats into the hold's safety
+    margin: a lag near ``ttl_ms - renew_every_ms`` means the lease nearly expired.
     """

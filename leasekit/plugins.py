@@ -16,8 +16,9 @@ moment. Providers connected while plugins were registered emit events to whateve
 registered when each operation completes. :func:`leasekit.hold` emits its events
 either way.
 
-Two plugins are built in: :func:`enable_logging` (stdlib :mod:`logging`, structured
-``extra=`` fields) and :func:`enable_otel` (OpenTelemetry metrics, with the ``otel``
+Three plugins are built in: :func:`enable_logging` (stdlib :mod:`logging`, structured
+``extra=`` fields), :func:`enable_otel` (OpenTelemetry metrics, with the ``otel`` extra
+installed) and :func:`enable_prometheus` (Prometheus metrics, with the ``prometheus``
 extra installed).
 """
 
@@ -38,16 +39,20 @@ from ._plugin_state import (
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry
 
     from ._plugin_otel import OtelMetricsPlugin
+    from ._plugin_prometheus import PrometheusPlugin
 
 __all__ = [
     "AUTOLOAD_ENV",
     "ENTRY_POINT_GROUP",
     "LoggingPlugin",
     "OtelMetricsPlugin",
+    "PrometheusPlugin",
     "enable_logging",
     "enable_otel",
+    "enable_prometheus",
     "load_entry_points",
     "plugin_manager",
     "register",
@@ -63,6 +68,7 @@ AUTOLOAD_ENV = _plugin_state.AUTOLOAD_ENV
 
 _logging_plugin: LoggingPlugin | None = None
 _otel_plugin: OtelMetricsPlugin | None = None
+_prometheus_plugin: PrometheusPlugin | None = None
 
 
 def enable_logging(
@@ -109,9 +115,39 @@ def enable_otel(meter_provider: MeterProvider | None = None) -> OtelMetricsPlugi
         return plugin
 
 
+def enable_prometheus(
+    registry: CollectorRegistry | None = None, *, namespace: str = "leasekit"
+) -> PrometheusPlugin:
+    """Record lease metrics for Prometheus; needs ``pip install 'leasekit[prometheus]'``.
+
+    Acquire outcomes (``leasekit_acquires_total``), wait and hold times
+    (``leasekit_wait_seconds``, ``leasekit_hold_seconds``), leases lost by reason
+    (``leasekit_leases_lost_total``) and renewal lag (``leasekit_renewal_lag_seconds``),
+    registered in ``registry`` (default: prometheus_client's global ``REGISTRY``, which
+    ``prometheus_client.start_http_server()`` serves). Labels are ``backend`` and the
+    outcome, never keys or owners. Calling it again replaces the plugin and its metrics.
+    """
+    global _prometheus_plugin  # noqa: PLW0603 (one metrics plugin per process)
+    from ._plugin_prometheus import PrometheusPlugin  # noqa: PLC0415 (the extra is optional)
+
+    with _plugin_state.lock:
+        old = _prometheus_plugin
+        if old is not None:
+            unregister(old)
+            old.close()
+            _prometheus_plugin = None
+        plugin = _prometheus_plugin = PrometheusPlugin(registry, namespace=namespace)
+        register(plugin, name="leasekit-prometheus")
+        return plugin
+
+
 def __getattr__(name: str) -> Any:
     if name == "OtelMetricsPlugin":  # imports opentelemetry: only when asked for
         from ._plugin_otel import OtelMetricsPlugin  # noqa: PLC0415
 
         return OtelMetricsPlugin
+    if name == "PrometheusPlugin":  # imports prometheus_client: only when asked for
+        from ._plugin_prometheus import PrometheusPlugin  # noqa: PLC0415
+
+        return PrometheusPlugin
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -229,6 +229,17 @@ def etcd_prefix() -> str:
 
 
 @pytest.fixture
+def wide_reuse_window(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Grant reusable etcd leases 30 s beyond their TTL instead of 1 s, so that an idle
+    one stays bindable for the whole test however slow a loaded machine is (the 1 s
+    window itself is tested against the server's own count)."""
+    from leasekit_etcd import _pool  # noqa: PLC0415
+
+    monkeypatch.setattr(_pool, "REUSE_EXTRA_S", 30)
+    return 30
+
+
+@pytest.fixture
 def private_etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
     """A single-member etcd for this test alone: pause, kill or restart it freely."""
     with EtcdServer(_etcd_binary(), tmp_path / "etcd") as server:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import math
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, BinaryIO, ClassVar, NoReturn, TypeVar
@@ -933,16 +934,64 @@ def _unprivileged_account(
     )
 
 
+_TEMPLATES: dict[tuple[str, ...], Path] = {}
+"""Initialized data directories, one per tool and account, that this process copies."""
+_TEMPLATES_PID = os.getpid()
+
+
+@atexit.register
+def _remove_templates() -> None:
+    if os.getpid() == _TEMPLATES_PID:  # never a forked child's exit
+        for template in _TEMPLATES.values():
+            shutil.rmtree(template, ignore_errors=True)
+
+
 class DataDirServer(ServerProcess):
     """A server whose data directory is created (``_initialize``) before its first start.
 
     A first start that fails leaves no data dir behind; a restart keeps its data.
+    The initializing tool (``initdb``, ``mariadb-install-db``: seconds each, mostly
+    waiting) runs once per process into a template; every server then starts on a copy
+    of it (``cp -a``, ownership and modes kept), as fresh as its own run of the tool.
     """
 
     data_dir: Path | None = None
+    account: tuple[int, int] | None = None
 
     def _initialize(self) -> Path:
         raise NotImplementedError
+
+    def _copy_template(
+        self, key: tuple[str, ...], target: Path, build: Callable[[Path], None]
+    ) -> None:
+        """Fill the empty directory ``target`` with a copy of what ``build(dir)`` makes.
+
+        ``build`` runs once per ``key`` in this process, into a temp dir owned by the
+        server's account; the template is removed when the process exits.
+        """
+        key = (*key, repr(self.account))
+        template = _TEMPLATES.get(key)
+        if template is None or not template.is_dir():
+            template = Path(tempfile.mkdtemp(prefix=f"leasekit-{self.name}-template-"))
+            if self.account is not None:
+                os.chown(template, *self.account)
+            try:
+                build(template)
+            except BaseException:
+                shutil.rmtree(template, ignore_errors=True)
+                raise
+            _TEMPLATES[key] = template
+        copied = subprocess.run(
+            ["cp", "-a", f"{template}/.", str(target)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+        if copied.returncode != 0:
+            raise ServerStartError(
+                f"copying the {self.name} data directory template {template} failed: "
+                f"{copied.stderr.decode(errors='replace').strip()}"
+            )
 
     def start(self) -> None:
         fresh = self.data_dir is None
@@ -1009,6 +1058,10 @@ class PostgresServer(DataDirServer):
     def _initialize(self) -> Path:
         data_dir = self._make_data_dir()
         self.data_dir = data_dir
+        self._copy_template(("initdb", self.initdb_binary), data_dir, self._initdb)
+        return data_dir
+
+    def _initdb(self, data_dir: Path) -> None:
         with self.log_path.open("ab") as log:
             done = subprocess.run(
                 [
@@ -1029,7 +1082,6 @@ class PostgresServer(DataDirServer):
             )  # fmt: skip
         if done.returncode != 0:
             raise ServerStartError(f"initdb exited with code {done.returncode}\n{self.log_tail()}")
-        return data_dir
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None
@@ -1117,6 +1169,185 @@ class PostgresServer(DataDirServer):
         if found is None or not Path(found).resolve().with_name("initdb").is_file():
             return None
         return found
+
+
+# -- PostgreSQL streaming replication -------------------------------------------------------
+
+__all__ += ["PostgresReplicatedPair", "PostgresStandby"]
+
+
+class PostgresStandby(PostgresServer):
+    """A streaming standby of ``primary``: its data directory is ``pg_basebackup -R``.
+
+    It replays the primary's WAL until :meth:`promote` (``pg_ctl promote``) makes it a
+    primary of its own. ``application_name`` (what the primary's
+    ``synchronous_standby_names`` names) is in the ``primary_conninfo`` that ``-R``
+    writes. :meth:`pause` (SIGSTOP) makes it lag: it receives nothing meanwhile.
+    """
+
+    name = "postgres-standby"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        primary: PostgresServer,
+        *,
+        application_name: str = "standby1",
+        port: int | None = None,
+    ) -> None:
+        self.primary = primary
+        self.application_name = application_name
+        self._primary_conninfo = ""  # what pg_basebackup -R wrote
+        # The primary's settings too: once promoted, it is the primary of the next standby.
+        settings = {**primary.extra_settings, "hot_standby": "on"}
+        super().__init__(binary, workdir, port=port, extra_settings=settings)
+
+    def _initialize(self) -> Path:
+        data_dir = self._make_data_dir()
+        self.data_dir = data_dir
+        basebackup = str(Path(self.binary).resolve().with_name("pg_basebackup"))
+        source = (
+            f"host={self.primary.host} port={self.primary.port} "
+            f"user={self.primary.superuser} application_name={self.application_name}"
+        )
+        with self.log_path.open("ab") as log:
+            done = subprocess.run(
+                [basebackup, "--pgdata", str(data_dir), "--dbname", source,
+                 "--write-recovery-conf", "--wal-method", "stream", "--checkpoint", "fast",
+                 "--no-sync"],
+                cwd=data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+                **self.popen_kwargs(),
+            )  # fmt: skip
+        if done.returncode != 0:
+            raise ServerStartError(
+                f"pg_basebackup exited with code {done.returncode}\n{self.log_tail()}"
+            )
+        written = (data_dir / "postgresql.auto.conf").read_text()
+        self._primary_conninfo = next(
+            line.split("=", 1)[1].strip()[1:-1]  # the quoted value, quotes doubled inside
+            for line in written.splitlines()
+            if line.startswith("primary_conninfo")
+        )
+        return data_dir
+
+    def stop_streaming(self) -> None:
+        """Stop receiving WAL (``primary_conninfo`` emptied, configuration reloaded).
+
+        The standby falls behind by everything the primary commits from now on, as one
+        on a slow link would, while it still answers queries and can be promoted.
+        (Pausing it would not do: the kernel buffers what the primary sends meanwhile,
+        and the standby reads it all when it wakes, even after the primary died.)
+        """
+        self._set_primary_conninfo("")
+
+    def resume_streaming(self) -> None:
+        """Undo :meth:`stop_streaming`: connect to the primary again."""
+        self._set_primary_conninfo(self._primary_conninfo)
+
+    def _set_primary_conninfo(self, conninfo: str) -> None:
+        assert self.data_dir is not None
+        path = self.data_dir / "postgresql.auto.conf"
+        lines = [
+            line
+            for line in path.read_text().splitlines()
+            if not line.startswith("primary_conninfo")
+        ]
+        lines.append(f"primary_conninfo = '{conninfo}'")
+        path.write_text("\n".join(lines) + "\n")
+        self._signal_group(self._require_process(), signal.SIGHUP)
+
+    def promote(self, timeout_s: float = 20.0) -> None:
+        """``pg_ctl promote --wait``: returns once the standby accepts writes."""
+        assert self.data_dir is not None
+        pg_ctl = str(Path(self.binary).resolve().with_name("pg_ctl"))
+        with self.log_path.open("ab") as log:
+            done = subprocess.run(
+                [pg_ctl, "promote", "--wait", "--timeout", str(math.ceil(timeout_s)),
+                 "--pgdata", str(self.data_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+                **self.popen_kwargs(),
+            )  # fmt: skip
+        if done.returncode != 0:
+            raise ServerStartError(f"pg_ctl promote exited with code {done.returncode}")
+
+
+class PostgresReplicatedPair:
+    """A PostgreSQL primary and one streaming standby, replication asynchronous or not.
+
+    ``synchronous=True`` names the standby in the primary's ``synchronous_standby_names``
+    (``synchronous_commit`` stays ``on``): a commit returns once the standby flushed it.
+    :attr:`url` names both servers (``target_session_attrs=read-write``), the way an
+    application reaches a failover pair; :meth:`fail_over` kills the primary
+    (SIGKILL) and promotes the standby, which the URL then reaches; :meth:`rebuild`
+    then makes a fresh standby of the new primary on the old primary's port (so the
+    URL stays the same), ready for the next failover.
+    """
+
+    def __init__(self, binary: str, workdir: Path, *, synchronous: bool = False) -> None:
+        self.workdir = Path(workdir)
+        self.synchronous = synchronous
+        settings = {"wal_level": "replica", "max_wal_senders": "5"}
+        if synchronous:
+            settings["synchronous_standby_names"] = "standby1"
+        self.primary = PostgresServer(binary, self.workdir / "primary", extra_settings=settings)
+        self.binary = binary
+        self.generation = 0
+        self.standby = PostgresStandby(binary, self.workdir / "standby0", self.primary)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{s.host}:{s.port}" for s in (self.primary, self.standby))
+        return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
+
+    def start(self) -> None:
+        try:
+            self.primary.start()
+            self.standby.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def fail_over(self) -> None:
+        """Kill the primary (SIGKILL), promote the standby: the pair has one primary left."""
+        self.primary.kill()
+        if self.standby.paused:
+            self.standby.resume()
+        self.standby.promote()
+
+    def rebuild(self) -> None:
+        """After :meth:`fail_over`: the promoted standby is the primary; a new standby
+        (``pg_basebackup`` of it) takes the old primary's port."""
+        old, self.primary = self.primary, self.standby
+        old.stop()  # already killed: removes its data directory
+        self.generation += 1
+        self.standby = PostgresStandby(
+            self.binary, self.workdir / f"standby{self.generation}", self.primary, port=old.port
+        )
+        self.standby.start()
+
+    def stop(self) -> None:
+        self.standby.stop()
+        self.primary.stop()
+
+    def __enter__(self) -> PostgresReplicatedPair:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 # -- etcd ---------------------------------------------------------------------------------
@@ -1420,6 +1651,10 @@ class MariaDBServer(DataDirServer):
         if self.account is not None:
             os.chown(data_dir, *self.account)
         self.data_dir = data_dir
+        self._copy_template(("install-db", self.install_db_binary), data_dir, self._install_db)
+        return data_dir
+
+    def _install_db(self, data_dir: Path) -> None:
         with self.log_path.open("ab") as log:
             done = subprocess.run(
                 [
@@ -1446,7 +1681,6 @@ class MariaDBServer(DataDirServer):
             raise ServerStartError(
                 f"mariadb-install-db exited with code {done.returncode}\n{self.log_tail()}"
             )
-        return data_dir
 
     def argv(self) -> list[str]:
         assert self.data_dir is not None

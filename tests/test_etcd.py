@@ -462,17 +462,6 @@ async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_p
     assert measured == ROUND_TRIPS
 
 
-@pytest.fixture
-def wide_reuse_window(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Grant reusable etcd leases 30 s beyond their TTL instead of 1 s, so that an idle
-    one stays bindable for the whole test however slow a loaded machine is (the 1 s
-    window itself is tested against the server's own count, below)."""
-    from leasekit_etcd import _pool  # noqa: PLC0415
-
-    monkeypatch.setattr(_pool, "REUSE_EXTRA_S", 30)
-    return 30
-
-
 async def test_a_warm_provider_acquires_a_free_key_in_one_round_trip(
     private_etcd_server: EtcdServer, etcd_prefix: str, wide_reuse_window: int
 ) -> None:
@@ -656,11 +645,13 @@ async def test_the_pool_revokes_an_idle_lease_when_its_window_closes_later_if_ke
     """The pool's timer, on its own: an idle lease is revoked once it can no longer be
     bound; one kept alive meanwhile (its window moved on) only when its new window
     closes; one bound again in between not at all."""
+    from leasekit_etcd._aio import call_at  # noqa: PLC0415
     from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
 
     revoked: list[int] = []
-    pool = LeasePool(revoked.append)
-    now = asyncio.get_running_loop().time()
+    loop = asyncio.get_running_loop()
+    pool = LeasePool(revoked.append, now=loop.time, call_at=call_at)
+    now = loop.time()
     for lease in (1, 2, 3):  # 11 s leases, windows closing 0.05 s from now
         pool.granted(lease, 11, now - 0.85)
         assert pool.give_back(lease, now)
@@ -682,10 +673,11 @@ async def test_the_pool_revokes_an_idle_lease_when_its_window_closes_later_if_ke
 def test_an_idle_lease_given_back_on_a_second_event_loop_gets_a_timer_there() -> None:
     """A timer set on an event loop that has closed never fires: a lease given back
     on the next loop gets a timer of its own there instead of waiting on it."""
+    from leasekit_etcd._aio import call_at  # noqa: PLC0415
     from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
 
     revoked: list[int] = []
-    pool = LeasePool(revoked.append)
+    pool = LeasePool(revoked.append, now=lambda: asyncio.get_running_loop().time(), call_at=call_at)
 
     async def give_back(window_s: float) -> None:
         now = asyncio.get_running_loop().time()

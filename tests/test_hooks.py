@@ -310,8 +310,10 @@ def test_hookimpl_and_the_manager_are_pluggys() -> None:
         "leasekit_failed",
         "leasekit_lost",
         "leasekit_released",
+        "leasekit_renewal_lag",
         "leasekit_renewed",
         "leasekit_transferred",
+        "leasekit_waited",
     }
 
 

@@ -9,6 +9,7 @@ this needs neither nox nor virtualenvs.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -71,7 +72,8 @@ def test_posargs_reach_pytest_and_nothing_else(
         session = RecordingSession(ARGS)
         sessions[name](session)
         ran[name] = session.runs
-    assert ran["tests"] == [("pytest", "-n", "auto", *ARGS)]
+    workers = str(2 * (os.cpu_count() or 1))
+    assert ran["tests"] == [("pytest", "-n", workers, "--dist", "worksteal", *ARGS)]
     for name in ("lint", "types", "docs"):
         for command in ran[name]:
             assert not set(ARGS) & set(command), f"nox -s {name} passed posargs to {command}"

@@ -25,13 +25,28 @@ PREFIX = b"p/"
 TTL_MS = 60_000
 
 
+class NoTimer:
+    """A pool timer that never runs (the operations here never keep a lease idle)."""
+
+    def cancel(self) -> None:
+        pass
+
+    def pending(self) -> bool:
+        return True
+
+
 class Ctx:
     """A context whose background revocations are only recorded."""
 
     def __init__(self) -> None:
         self.revoked: list[int] = []
         self.ctx = _ops.Context(
-            PREFIX, reuse=False, revoke_later=self.revoked.append, now=lambda: 0.0, min_ttl_s=2
+            PREFIX,
+            reuse=False,
+            revoke_later=self.revoked.append,
+            now=lambda: 0.0,
+            call_at=lambda when, callback: NoTimer(),
+            min_ttl_s=2,
         )
 
 

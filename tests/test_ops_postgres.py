@@ -258,3 +258,41 @@ def test_provider_settings_check_the_grace_and_derive_the_channel() -> None:
         provider_settings({"timeout_s": 10, "sweep_grace_s": 5})
     with pytest.raises(InvalidLeaseArgument, match="table"):
         provider_settings({"table": "no-dashes"})
+
+
+# -- the one retry after a lost connection --------------------------------------------------
+
+
+def test_attempts_runs_an_idempotent_operation_once_more_after_a_lost_connection() -> None:
+    args = (SQL, "k")
+    policy = _ops.attempts(_ops.owner(*args), _ops.owner, args)
+    first = next(policy)
+    assert not isinstance(first, _ops.Retry)
+    first.close()
+    retry = policy.throw(_ops.ConnectionLost("server closed the connection unexpectedly"))
+    assert isinstance(retry, _ops.Retry)  # the transport tests the pool's idle ones first
+    sent, holder = replay(retry.operation, [(b"a",)])
+    assert [q.statement for q in sent] == [SQL.owner]
+    with pytest.raises(StopIteration) as done:
+        policy.send(holder)
+    assert done.value.value == "a"
+
+
+def test_attempts_gives_up_after_a_second_loss_and_never_retries_a_transfer() -> None:
+    args = (SQL, "k")
+    policy = _ops.attempts(_ops.owner(*args), _ops.owner, args)
+    next(policy).close()
+    retry = policy.throw(_ops.ConnectionLost("lost"))
+    assert isinstance(retry, _ops.Retry)
+    retry.operation.close()
+    with pytest.raises(_ops.ConnectionLost, match="again"):
+        policy.throw(_ops.ConnectionLost("again"))
+    transfer = _ops.attempts(_ops.transfer(SQL, "k", "a", "b", 1000), None, ())
+    next(transfer).close()
+    with pytest.raises(_ops.ConnectionLost):
+        transfer.throw(_ops.ConnectionLost("lost"))
+    # A statement that failed on the server is no lost connection: never retried.
+    policy = _ops.attempts(_ops.owner(*args), _ops.owner, args)
+    next(policy).close()
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        policy.throw(psycopg.errors.QueryCanceled("statement timeout"))

@@ -362,7 +362,7 @@ async def test_first_use_creates_table_sequence_index_and_meta(
         ("token", "bigint"),
         ("expires_at", "timestamp with time zone"),
     ]
-    assert version == (1,)
+    assert version == (2,)
 
 
 async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
@@ -374,8 +374,8 @@ async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_
     with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
         await provider.acquire_lease("k", "a", LONG_MS)
     assert relation_kinds(postgres_url, postgres_table) == {}
-    assert await provider.migrate() == 1
-    assert await provider.migrate() == 1  # idempotent
+    assert await provider.migrate() == 2
+    assert await provider.migrate() == 2  # idempotent
     await exercise_every_operation(provider, "k")
     await provider.aclose()
 
@@ -920,6 +920,37 @@ async def test_terminated_backends_mid_run_are_backend_errors_at_worst_then_reco
         await exercise_every_operation(provider, "after")
 
 
+def terminate_backends(url: str, app_name: str) -> int:
+    """End every server process of ``app_name``'s connections, and wait for them to go."""
+    with admin(url) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (app_name,),
+        ).fetchall()
+    assert all(ended for (ended,) in rows), rows
+    return len(rows)
+
+
+async def test_an_idempotent_call_on_a_connection_ended_since_runs_again_a_transfer_does_not(
+    postgres_url: str, postgres_table: str, app_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one retry on a fresh connection (``_ops.attempts``), as the server saw it:
+    the pool's only connection is ended between two calls."""
+    url = with_query(postgres_url, application_name=app_name, pool_max_size="1")
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table) as provider:
+        assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
+        assert terminate_backends(postgres_url, app_name) == 1
+        with caplog.at_level(logging.INFO, logger="leasekit.postgres"):
+            assert await provider.get_lease_owner("k") == "a"  # on a fresh connection
+        assert "retrying once on a fresh one" in caplog.text
+        assert terminate_backends(postgres_url, app_name) == 1
+        with pytest.raises(leasekit.LeaseBackendError) as failed:
+            await provider.transfer_lease("k", "a", "b", LONG_MS)
+        assert isinstance(failed.value.__cause__, psycopg.OperationalError)
+        assert await provider.get_lease_owner("k") == "a"  # not run twice, nor once
+
+
 async def test_a_statement_stalled_by_a_row_lock_is_cancelled_by_the_server(
     postgres_url: str, postgres_table: str
 ) -> None:
@@ -1266,6 +1297,93 @@ async def test_a_frozen_server_leaves_no_pool_task_after_aclose(
             private_postgres_server.resume()
         await closing
     assert pool_tasks(provider) == []
+
+
+async def test_async_with_returns_once_the_pools_min_size_connections_are_open(
+    postgres_url: str, postgres_table: str, app_name: str
+) -> None:
+    """No connection of the pool is still being opened once the provider is open: one
+    cut off mid-connect when its event loop ends hung ``asyncio.run()`` in psycopg."""
+    url = with_query(postgres_url, pool_min_size="4", application_name=app_name)
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table) as provider:
+        # The server's count: the direct first connection is closed, the pool's 4 are up.
+        assert backends_of(postgres_url, app_name) == 4
+        assert pool_tasks(provider)  # the pool's workers, which the loop's end cancels
+    lazy = PostgresLeaseProvider.from_url(url, table=postgres_table)
+    try:
+        await lazy.get_lease_owner("k")  # opened by its first call, not by `async with`
+        assert backends_of(postgres_url, app_name) == 4
+    finally:
+        await lazy.aclose()
+
+
+async def test_a_pool_that_cannot_fill_in_time_is_a_timeout_and_the_next_call_works(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """Opening waits for ``min_size`` connections within ``timeout_s`` only: past it the
+    call is a typed timeout, and the pool, still open, serves the next call."""
+    if os.environ.get("LEASEKIT_TEST_POSTGRES_URL"):
+        pytest.skip("needs the harness's own server (trust auth, a superuser)")
+    role = f"leasekit_few_{uuid.uuid4().hex[:8]}"
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as owner:
+        await owner.migrate()
+    schema = postgres_table.split(".", maxsplit=1)[0]
+    with admin(postgres_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(
+            sql.Identifier(role)
+        ))  # fmt: skip
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        ))  # fmt: skip
+        for suffix in ("", "_meta"):
+            conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                identifier(postgres_table + suffix), sql.Identifier(role)
+            ))  # fmt: skip
+    try:
+        parts = urlsplit(postgres_url)
+        app_url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        url = with_query(app_url, pool_min_size="3", timeout_s="1")
+        provider = PostgresLeaseProvider.from_url(url, table=postgres_table)
+        try:
+            with pytest.raises(leasekit.LeaseBackendTimeout, match="within 1 s"):
+                await provider.get_lease_owner("k")  # the third connection is refused
+            assert await provider.get_lease_owner("k") is None  # on the two it has
+            assert not provider.closed
+        finally:
+            await provider.aclose()
+    finally:
+        with admin(postgres_url) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+
+
+_RUN_WITHOUT_ACLOSE = """
+import asyncio, sys
+import leasekit
+
+async def main() -> None:
+    provider = leasekit.connect(sys.argv[1])
+    await provider.__aenter__()
+    assert (await provider.acquire_lease("exit-k", leasekit.new_owner_id(), 60_000)).acquired
+    print("used", flush=True)
+
+asyncio.run(main())
+print("ended", flush=True)
+"""
+
+
+def test_asyncio_run_ends_promptly_after_a_provider_left_open(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """The loop's end cancels the pool's workers; none is mid-connect, so none hangs it."""
+    url = with_query(postgres_url, pool_min_size="8", table=postgres_table)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_WITHOUT_ACLOSE, url],
+        capture_output=True,
+        text=True,
+        timeout=60,  # the hang was 300 s (psycopg_pool's reconnect_timeout)
+        check=False,
+    )
+    assert done.stdout.split() == ["used", "ended"], (done.stdout, done.stderr)
 
 
 async def test_nothing_listening_logs_nothing_at_warning_from_psycopg_pool(

@@ -17,10 +17,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from servers import EtcdCluster, EtcdServer, missing_extra
+from test_etcd import client_calls, delta, grpc_calls
 
 import leasekit
 import leasekit.sync
@@ -159,6 +160,77 @@ def test_no_etcd_lease_is_left_behind(private_etcd_server: EtcdServer) -> None:
             leases.release_lease(key, "b")
     # close() drained the background revocations.
     assert private_etcd_server.lease_ids() == []
+
+
+def test_a_warm_blocking_provider_acquires_a_free_key_in_one_round_trip(
+    private_etcd_server: EtcdServer, etcd_prefix: str, wide_reuse_window: int
+) -> None:
+    """As the async provider: the etcd lease a release left empty is bound again by the
+    next acquire, in its one transaction (before, each acquire granted one: 2 round
+    trips, and a revocation after each release)."""
+    server = private_etcd_server
+    with leasekit_etcd.EtcdSyncLeaseProvider.from_url(server.url, prefix=etcd_prefix) as leases:
+        assert leases.acquire_lease("k0", "a", 10_000).acquired
+        leases.release_lease("k0", "a")
+        [idle] = server.lease_ids()
+        assert server.lease_ttl(idle)[1] == 10 + wide_reuse_window
+        before = grpc_calls(server)
+        for i in range(20):
+            assert leases.acquire_lease(f"k{i % 3}", f"o{i}", 10_000).acquired
+            assert server.lease_ids() == [idle]  # the record is on the idle lease
+            leases.release_lease(f"k{i % 3}", f"o{i}")
+        assert client_calls(delta(grpc_calls(server), before)) == {"Txn": 40}
+        leases.flush()  # revokes the idle one
+        assert server.lease_ids() == []
+        assert leases.lease_ids() == []
+    assert server.lease_ids() == []
+
+
+def test_a_blocking_providers_idle_etcd_lease_is_revoked_once_it_can_no_longer_be_bound(
+    private_etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """Its timer runs on the provider's background thread: the idle lease goes about a
+    second after its grant, not at the next acquire, a flush or close."""
+    server = private_etcd_server
+    with leasekit_etcd.EtcdSyncLeaseProvider.from_url(server.url, prefix=etcd_prefix) as leases:
+        assert leases.acquire_lease("k", "a", 10_000).acquired
+        leases.release_lease("k", "a")
+        [idle] = server.lease_ids()
+        assert server.lease_ttl(idle)[1] == 11  # one second more than asked, for reuse
+        deadline = time.monotonic() + 10  # a bound only a broken timer reaches
+        while idle in server.lease_ids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.lease_ids() == []  # revoked by the provider, long before its TTL
+        assert len(leases._pool) == 0
+        assert leases.acquire_lease("k", "a", 10_000).acquired  # a fresh grant
+        [fresh] = server.lease_ids()
+        assert fresh != idle
+        leases.release_lease("k", "a")
+    assert server.lease_ids() == []
+
+
+def test_the_lease_pools_timers_run_on_the_revocation_thread() -> None:
+    """The pool itself, on the blocking driver's clock and thread: an idle lease is
+    revoked once it can no longer be bound; one kept alive meanwhile only when its
+    new window closes; one bound again in between not at all."""
+    from leasekit_etcd._blocking import Revoker  # noqa: PLC0415
+    from leasekit_etcd._pool import LeasePool  # noqa: PLC0415
+
+    revoked: list[int] = []
+    revoker = Revoker(cast("Any", None), timeout_s=1.0)  # timers only: no transport used
+    pool = LeasePool(revoked.append, now=time.monotonic, call_at=revoker.call_at)
+    now = time.monotonic()
+    for lease in (1, 2, 3):  # 11 s leases, windows closing 0.05 s from now
+        pool.granted(lease, 11, now - 0.85)
+        assert pool.give_back(lease, now)
+    pool.kept_alive(2, 11, now)  # its window now closes 0.9 s from now
+    assert pool.take(11, 10, now) == 3  # bound again: not idle any more
+    deadline = time.monotonic() + 10  # a bound only a broken timer reaches
+    while len(revoked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert revoked == [1, 2]
+    assert len(pool) == 0
+    revoker.drain()
 
 
 def test_a_stopped_server_is_a_typed_timeout_within_the_bound_then_recovers(

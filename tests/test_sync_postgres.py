@@ -8,8 +8,10 @@ connection), that errors map, and that sync and async providers share one table.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +20,12 @@ from servers import PostgresServer, require_module, with_options
 
 import leasekit
 import leasekit.sync
-from leasekit import InvalidLeaseArgument, LeaseBackendTimeout, LeaseBackendUnreachable
+from leasekit import (
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseBackendUnreachable,
+)
 from leasekit.backend import SyncBackendProvider, sync_factory
 
 require_module("psycopg_pool", extra="postgres")
@@ -105,6 +112,40 @@ def test_a_stopped_server_is_a_typed_timeout_then_recovers(
         finally:
             private_postgres_server.resume()
         assert leases.get_lease_owner("k") in ("a", "b")
+
+
+def test_an_idempotent_call_on_a_connection_ended_since_runs_again_a_transfer_does_not(
+    postgres_url: str, postgres_table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The async provider's one retry on a fresh connection (``_ops.attempts``), through
+    the blocking transport: the pool's only connection is ended between two calls."""
+    import psycopg  # noqa: PLC0415
+
+    app_name = f"leasekit-test-{uuid.uuid4().hex[:8]}"
+    url = with_options(
+        postgres_url, table=postgres_table, application_name=app_name, pool_max_size=1
+    )
+
+    def terminate() -> None:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (app_name,),
+            ).fetchall()
+        assert [ended for (ended,) in rows] == [True]
+
+    with leasekit_postgres.PostgresSyncLeaseProvider.from_url(url) as leases:
+        assert leases.acquire_lease("k", "a", LONG_TTL_MS).acquired
+        terminate()
+        with caplog.at_level(logging.INFO, logger="leasekit.postgres"):
+            assert leases.get_lease_owner("k") == "a"  # on a fresh connection
+        assert "retrying once on a fresh one" in caplog.text
+        terminate()
+        with pytest.raises(LeaseBackendError) as failed:
+            leases.transfer_lease("k", "a", "b", LONG_TTL_MS)
+        assert isinstance(failed.value.__cause__, psycopg.OperationalError)
+        assert leases.get_lease_owner("k") == "a"  # not run twice, nor once
 
 
 def test_a_refused_connection_is_unreachable() -> None:

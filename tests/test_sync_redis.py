@@ -202,6 +202,20 @@ def test_a_flushed_script_cache_is_reloaded(
     assert leases.get_lease_owner("after-flush") is None
 
 
+def test_reloading_a_flushed_script_keeps_the_connection(
+    leases: leasekit.sync.SyncLeaseProvider, redis_url: str
+) -> None:
+    # NOSCRIPT is a whole reply: the EVAL that follows goes on the same connection. (It
+    # used to disconnect and reconnect, and the new socket was left for the GC to close.)
+    assert leases.acquire_lease("warm", "a", LONG_TTL_MS).acquired  # the connection exists
+    with redis.Redis.from_url(redis_url) as client:
+        client.script_flush()
+        before = client.info("stats")["total_connections_received"]
+        assert leases.renew_lease("warm", "a", LONG_TTL_MS)  # EVALSHA: NOSCRIPT, then EVAL
+        leases.release_lease("warm", "a")
+        assert client.info("stats")["total_connections_received"] == before
+
+
 def test_a_callers_own_client_is_used_and_left_open(redis_url: str, redis_prefix: str) -> None:
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     provider = leasekit_redis.RedisSyncLeaseProvider(client, prefix=redis_prefix)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from leasekit.backend import Operation, drive_async
@@ -28,7 +29,7 @@ from ._members import (
 )
 from ._ops import Call, Request
 
-__all__ = ["AioTransport", "open_channel"]
+__all__ = ["AioTransport", "call_at", "open_channel"]
 
 _T = TypeVar("_T")
 # How often a connecting channel's state is looked at.
@@ -54,6 +55,31 @@ async def _keep_alive(stubs: _rpc.Stubs, request: Any, metadata: Any, timeout_s:
         call.cancel()
         raise
     return response
+
+
+class _LoopTimer:
+    """A :class:`~leasekit_etcd._pool.Timer` on an event loop: pending while that loop runs."""
+
+    __slots__ = ("_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: asyncio.TimerHandle) -> None:
+        self._loop = loop
+        self._handle = handle
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def pending(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop and not self._handle.cancelled()
+        except RuntimeError:  # no loop running: the timer's is gone
+            return False
+
+
+def call_at(when: float, callback: Callable[[], None]) -> _LoopTimer:
+    """Run ``callback`` at loop time ``when`` on the running loop (the lease pool's timers)."""
+    loop = asyncio.get_running_loop()
+    return _LoopTimer(loop, loop.call_at(when, callback))
 
 
 class AioTransport:

@@ -5,32 +5,26 @@
 the failover rules of ``_members`` (whose steps are run here with blocking calls),
 with ``timeout=`` the time left of the operation's ``timeout_s``, so a stalled cluster
 raises ``DEADLINE_EXCEEDED`` (a :class:`~leasekit.LeaseBackendTimeout`) in time. The
-etcd leases the operations leave empty are revoked by one background thread
-(:class:`Revoker`). Only I/O.
+etcd leases the operations leave empty are revoked, and those kept for reuse timed,
+by one background thread (:class:`Revoker`). Only I/O.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
+import heapq
+import itertools
 import socket
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from leasekit.backend import Operation, drive
 
 from . import _ops, _rpc
-from ._members import (
-    Attempt,
-    Connected,
-    Member,
-    Members,
-    Pause,
-    Refuses,
-    Step,
-    channel_opener,
-)
+from ._members import Attempt, Connected, Member, Members, Pause, Refuses, Step, channel_opener
 from ._ops import Call, Request
 
 __all__ = ["BlockingTransport", "Revoker", "open_channel"]
@@ -167,44 +161,116 @@ def _refuses_connections(member: Member, wait_s: float) -> bool:
     return False
 
 
+class _ThreadTimer:
+    """A :class:`~leasekit_etcd._pool.Timer` on the :class:`Revoker`'s thread."""
+
+    __slots__ = ("callback", "done")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.done = False  # run or cancelled
+
+    def cancel(self) -> None:
+        self.done = True
+
+    def pending(self) -> bool:
+        return not self.done
+
+
 class Revoker:
-    """Revokes etcd leases on one background thread, off the callers' path.
+    """Revokes etcd leases, and runs the lease pool's timers, on one background thread.
 
     The etcd leases a release, a transfer or a denied acquire leaves without a record
-    (and those an operation that failed may have bound) are revoked here, each bounded
-    by ``timeout_s``; one that cannot be revoked ends at its TTL. The thread starts
-    with the first lease; :meth:`drain` waits for what is queued.
+    (unless kept for reuse), and those an operation that failed may have bound, are
+    revoked here, off the callers' path, each bounded by ``timeout_s``; one that
+    cannot be revoked ends at its TTL. The pool's timers (:meth:`call_at`, on
+    ``time.monotonic``) revoke an idle lease once it can no longer be bound. The
+    thread starts with the first of either; :meth:`flush` waits for the revocations
+    queued, :meth:`drain` too, then stops the thread (timers still due are dropped).
     """
 
     def __init__(self, transport: BlockingTransport, timeout_s: float) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
-        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._work_ready = threading.Condition(threading.Lock())
+        self._revocations: deque[int] = deque()
+        self._timers: list[tuple[float, int, _ThreadTimer]] = []  # a heap, soonest first
+        self._order = itertools.count()
+        self._busy = 0  # revocations queued or being sent
+        self._stopping = False
         self._thread: threading.Thread | None = None
-        self._start = threading.Lock()
 
     def __call__(self, lease_id: int) -> None:
-        self._queue.put(lease_id)
-        if self._thread is None:
-            with self._start:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._work, name="leasekit-etcd-revoke", daemon=True
-                    )
-                    self._thread.start()
+        with self._work_ready:
+            self._revocations.append(lease_id)
+            self._busy += 1
+            self._wake()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _ThreadTimer:
+        """Run ``callback`` at ``when`` (``time.monotonic``) on this thread."""
+        timer = _ThreadTimer(callback)
+        with self._work_ready:
+            heapq.heappush(self._timers, (when, next(self._order), timer))
+            self._wake()
+        return timer
+
+    def _wake(self) -> None:
+        if self._thread is None and not self._stopping:
+            self._thread = threading.Thread(
+                target=self._work, name="leasekit-etcd-revoke", daemon=True
+            )
+            self._thread.start()
+        self._work_ready.notify()
+
+    def _next(self) -> int | _ThreadTimer | None:
+        """The next revocation, or the next timer due; None once stopping and done."""
+        with self._work_ready:
+            while True:
+                if self._revocations:
+                    return self._revocations.popleft()
+                if self._stopping:
+                    return None
+                timers = self._timers
+                wait_s = None
+                while timers:
+                    when, _, timer = timers[0]
+                    if timer.done:
+                        heapq.heappop(timers)
+                        continue
+                    wait_s = when - time.monotonic()
+                    if wait_s <= 0:
+                        heapq.heappop(timers)
+                        timer.done = True
+                        return timer
+                    break
+                self._work_ready.wait(wait_s)
 
     def _work(self) -> None:
-        while (lease_id := self._queue.get()) is not None:
+        while (work := self._next()) is not None:
+            if isinstance(work, _ThreadTimer):
+                # The pool's own bookkeeping; a bug there must not stop the revocations.
+                with contextlib.suppress(Exception):
+                    work.callback()
+                continue
             # If the store is failing, the lease expires with its TTL anyway.
             with contextlib.suppress(Exception):
-                self._transport.run(_ops.revoke(lease_id), self._timeout_s)
-            self._queue.task_done()
-        self._queue.task_done()
+                self._transport.run(_ops.revoke(work), self._timeout_s)
+            with self._work_ready:
+                self._busy -= 1
+                self._work_ready.notify_all()
+
+    def flush(self) -> None:
+        """Wait (up to ``timeout_s`` more per revocation) for those queued now and since."""
+        with self._work_ready:
+            thread = self._thread
+            while self._busy and thread is not None and thread.is_alive():
+                self._work_ready.wait(self._timeout_s)
 
     def drain(self) -> None:
         """Wait (up to ``timeout_s`` more) for the queued revocations, then stop the thread."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._queue.put(None)
-        thread.join(self._timeout_s)
+        with self._work_ready:
+            self._stopping = True
+            self._work_ready.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(self._timeout_s)

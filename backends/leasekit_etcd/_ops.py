@@ -67,7 +67,7 @@ from leasekit.backend import LeaseRecord, Operation
 from . import _keys, _rpc
 from ._members import status
 from ._options import LIMIT
-from ._pool import Bindings, LeasePool
+from ._pool import Bindings, CallAt, LeasePool
 
 __all__ = [
     "Call",
@@ -117,7 +117,8 @@ class Context:
 
     ``pool`` keeps the etcd leases this provider granted for reuse (``reuse=False``:
     none, every empty lease is revoked); ``revoke_later(lease)`` is the transport's way
-    to revoke one in the background; ``now()`` is the clock the pool's times are on.
+    to revoke one in the background; ``now()`` is the clock the pool's times are on,
+    ``call_at(when, callback)`` the driver's way to run its timers on that clock.
     ``seen_held`` remembers keys seen held, only a hint of whether to look before
     granting. ``min_ttl_s`` is the shortest TTL etcd grants, as last learnt.
     """
@@ -139,12 +140,13 @@ class Context:
         reuse: bool,
         revoke_later: Callable[[int], None],
         now: Callable[[], float],
+        call_at: CallAt,
         min_ttl_s: int,
     ) -> None:
         self.prefix = prefix
         self._revoke_later = revoke_later
         self.now = now
-        self.pool = LeasePool(self.revoke, enabled=reuse)
+        self.pool = LeasePool(self.revoke, now=now, call_at=call_at, enabled=reuse)
         self.bindings = Bindings()
         self.seen_held = _RecentKeys(_SEEN_HELD_KEYS)
         self.min_ttl_s = min_ttl_s

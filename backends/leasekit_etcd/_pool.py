@@ -36,11 +36,20 @@ revoke whatever is idle.
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["BIND_GUARD_S", "REUSE_EXTRA_S", "REUSE_MIN_TTL_S", "Bindings", "LeasePool"]
+__all__ = [
+    "BIND_GUARD_S",
+    "REUSE_EXTRA_S",
+    "REUSE_MIN_TTL_S",
+    "Bindings",
+    "CallAt",
+    "LeasePool",
+    "Timer",
+]
 
 #: Seconds added to each grant: the window in which an idle lease can be bound again.
 REUSE_EXTRA_S = 1
@@ -56,26 +65,64 @@ _PRUNE_AFTER_S = 60.0
 BINDINGS_KEPT = 65536
 
 
+class Timer(Protocol):
+    """A callback due at some time, as a driver's :data:`CallAt` schedules it."""
+
+    def cancel(self) -> None:
+        """Never run it."""
+
+    def pending(self) -> bool:
+        """Whether it will still run (not run, not cancelled, its runner still there)."""
+
+
+CallAt = Callable[[float, Callable[[], None]], Timer]
+"""``call_at(when, callback)``: run ``callback`` at ``when`` on the pool's clock, once.
+
+The asyncio provider's runs it on its event loop (``loop.call_at``), the blocking
+provider's on its background thread (``_blocking.Revoker``).
+"""
+
+
 class LeasePool:
-    """This provider's etcd leases: when each surely lives until, and which are idle."""
+    """This provider's etcd leases: when each surely lives until, and which are idle.
+
+    Written for both drivers: the clock (``now``) and the timers (``call_at``) are the
+    driver's, and every method holds one lock, so threads may share a pool (the
+    blocking provider's callers, and its timer thread).
+    """
 
     __slots__ = (
+        "_call_at",
         "_enabled",
         "_expires_by",
         "_granted_s",
         "_grants",
         "_idle",
         "_idle_of",
+        "_lock",
+        "_now",
         "_revoke",
         "_timers",
     )
 
-    def __init__(self, revoke: Callable[[int], None], *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        revoke: Callable[[int], None],
+        *,
+        now: Callable[[], float],
+        call_at: CallAt,
+        enabled: bool = True,
+    ) -> None:
         #: revokes an etcd lease in the background (and forgets it here)
         self._revoke = revoke
+        #: the clock every time here is on, and how to run a callback at one of them
+        self._now = now
+        self._call_at = call_at
         #: False (``reuse_leases=false``): nothing is kept, every empty lease revoked
         self._enabled = enabled
-        # lease ID -> loop time before which etcd cannot have ended it (a lower bound)
+        # Reentrant: revoking forgets the lease here (``Context.revoke``).
+        self._lock = threading.RLock()
+        # lease ID -> clock time before which etcd cannot have ended it (a lower bound)
         self._expires_by: dict[int, float] = {}
         # lease ID -> the TTL etcd granted it (what a keep-alive restores)
         self._granted_s: dict[int, int] = {}
@@ -83,84 +130,90 @@ class LeasePool:
         self._idle: dict[int, list[int]] = {}
         # idle lease ID -> its granted TTL (which stack it is on)
         self._idle_of: dict[int, int] = {}
-        # lease ID -> the timer that revokes it if it is idle when its window closes,
-        # and the event loop it runs on; left pending when the lease is bound again
-        # (it then finds it not idle)
-        self._timers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
+        # lease ID -> the timer that revokes it if it is idle when its window closes;
+        # left pending when the lease is bound again (it then finds it not idle)
+        self._timers: dict[int, Timer] = {}
         self._grants = 0
 
     def __len__(self) -> int:
-        return sum(len(stack) for stack in self._idle.values())
+        with self._lock:
+            return sum(len(stack) for stack in self._idle.values())
 
     def extra_s(self, ttl_s: int) -> int:
         """Seconds to grant beyond ``ttl_s``: 1 if its etcd leases are reused, else 0."""
         return REUSE_EXTRA_S if self._enabled and ttl_s >= REUSE_MIN_TTL_S else 0
 
     def granted(self, lease: int, granted_s: int, sent_at: float) -> None:
-        """A grant (sent at loop time ``sent_at``) gave ``lease`` of ``granted_s``, to
+        """A grant (sent at clock time ``sent_at``) gave ``lease`` of ``granted_s``, to
         be kept for reuse once it is left empty."""
-        self._expires_by[lease] = sent_at + granted_s
-        self._granted_s[lease] = granted_s
-        self._grants += 1
-        if self._grants % _PRUNE_EVERY == 0:
-            self._prune(sent_at)
+        with self._lock:
+            self._expires_by[lease] = sent_at + granted_s
+            self._granted_s[lease] = granted_s
+            self._grants += 1
+            if self._grants % _PRUNE_EVERY == 0:
+                self._prune(sent_at)
 
     def kept_alive(self, lease: int, granted_s: int, sent_at: float) -> None:
         """A keep-alive sent at ``sent_at`` restored ``lease``'s TTL."""
-        if lease in self._expires_by:
-            self._expires_by[lease] = sent_at + granted_s
+        with self._lock:
+            if lease in self._expires_by:
+                self._expires_by[lease] = sent_at + granted_s
 
     def take(self, granted_s: int, need_s: float, now: float) -> int | None:
         """An idle lease of ``granted_s`` that surely lives ``need_s`` more, taken out."""
-        stack = self._idle.get(granted_s)
-        while stack:
-            lease = stack.pop()
-            del self._idle_of[lease]
-            expires_by = self._expires_by.get(lease)
-            if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
-                return lease
-            self._revoke(lease)  # too old to bind; it carries nothing
-        return None
+        with self._lock:
+            stack = self._idle.get(granted_s)
+            while stack:
+                lease = stack.pop()
+                del self._idle_of[lease]
+                expires_by = self._expires_by.get(lease)
+                if expires_by is not None and expires_by - now >= need_s + BIND_GUARD_S:
+                    return lease
+                self._revoke(lease)  # too old to bind; it carries nothing
+            return None
 
     def give_back(self, lease: int, now: float) -> bool:
-        """``lease`` was just left without a record (at loop time ``now``); False if it
+        """``lease`` was just left without a record (at clock time ``now``); False if it
         is not ours to keep, or can no longer be bound (the caller revokes it then).
 
         A kept lease is revoked by a timer once it can no longer be bound: when less
         than the TTL it serves (its granted TTL less ``REUSE_EXTRA_S``) and the guard
         are left of it.
         """
-        granted_s = self._granted_s.get(lease)
-        if granted_s is None or not self._enabled:
-            return False
-        bindable_until = self._bindable_until(lease, granted_s)
-        if bindable_until <= now:
-            return False
-        self._idle.setdefault(granted_s, []).append(lease)
-        self._idle_of[lease] = granted_s
-        timer = self._timers.get(lease)
-        # One a previous idle spell set is still due, unless its event loop is gone
-        # (the provider is used from another loop now: that timer never fires).
-        if timer is None or timer[0] is not asyncio.get_running_loop():
-            self._start_timer(lease, bindable_until)
-        return True
+        with self._lock:
+            granted_s = self._granted_s.get(lease)
+            if granted_s is None or not self._enabled:
+                return False
+            bindable_until = self._bindable_until(lease, granted_s)
+            if bindable_until <= now:
+                return False
+            self._idle.setdefault(granted_s, []).append(lease)
+            self._idle_of[lease] = granted_s
+            timer = self._timers.get(lease)
+            # One a previous idle spell set is still due, unless its runner is gone (an
+            # async provider used from another event loop now: that timer never runs).
+            if timer is None or not timer.pending():
+                self._start_timer(lease, bindable_until)
+            return True
 
     def forget(self, lease: int) -> None:
         """``lease`` is revoked, gone, or its state unknown: never bind it again."""
-        self._expires_by.pop(lease, None)
-        self._granted_s.pop(lease, None)
+        with self._lock:
+            self._expires_by.pop(lease, None)
+            self._granted_s.pop(lease, None)
 
     def take_all_idle(self) -> list[int]:
         """Every idle lease, forgotten, for the caller to revoke."""
-        idle = [lease for stack in self._idle.values() for lease in stack]
-        self._idle.clear()
-        self._idle_of.clear()
-        for _, timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        for lease in idle:
-            self.forget(lease)
-        return idle
+        with self._lock:
+            idle = [lease for stack in self._idle.values() for lease in stack]
+            self._idle.clear()
+            self._idle_of.clear()
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+            for lease in idle:
+                self.forget(lease)
+            return idle
 
     def _bindable_until(self, lease: int, granted_s: int) -> float:
         """When ``lease`` stops having the whole TTL it serves ahead of it (the granted
@@ -168,23 +221,23 @@ class LeasePool:
         return self._expires_by[lease] - (granted_s - REUSE_EXTRA_S) - BIND_GUARD_S
 
     def _start_timer(self, lease: int, when: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._timers[lease] = (loop, loop.call_at(when, self._expire, lease))
+        self._timers[lease] = self._call_at(when, lambda: self._expire(lease))
 
     def _expire(self, lease: int) -> None:
         """The timer: revoke ``lease`` if it is idle and can no longer be bound."""
-        self._timers.pop(lease, None)
-        granted_s = self._idle_of.get(lease)
-        if granted_s is None:
-            return  # bound again (or revoked) since: a later idle spell sets its own
-        if lease in self._expires_by:
-            bindable_until = self._bindable_until(lease, granted_s)
-            if bindable_until > asyncio.get_running_loop().time():
-                self._start_timer(lease, bindable_until)  # kept alive meanwhile
-                return
-        del self._idle_of[lease]
-        self._idle[granted_s].remove(lease)
-        self._revoke(lease)  # it carries nothing, and never will again
+        with self._lock:
+            self._timers.pop(lease, None)
+            granted_s = self._idle_of.get(lease)
+            if granted_s is None:
+                return  # bound again (or revoked) since: a later idle spell sets its own
+            if lease in self._expires_by:
+                bindable_until = self._bindable_until(lease, granted_s)
+                if bindable_until > self._now():
+                    self._start_timer(lease, bindable_until)  # kept alive meanwhile
+                    return
+            del self._idle_of[lease]
+            self._idle[granted_s].remove(lease)
+            self._revoke(lease)  # it carries nothing, and never will again
 
     def _prune(self, now: float) -> None:
         # Records whose holder never released nor renewed them leave their lease here;

@@ -130,6 +130,7 @@ class EtcdLeaseProvider(BackendProvider):
             reuse=settings.reuse_leases,
             revoke_later=self._revoke_later,
             now=_loop_time,
+            call_at=_aio.call_at,
             min_ttl_s=DEFAULT_MIN_TTL_S,
         )
         self._pool = self._ctx.pool
@@ -296,10 +297,12 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     ``timeout_s`` through gRPC's per-call ``timeout=`` (what is left of the
     operation's), failing over between endpoints as the async provider does.
 
-    Each grant binds an etcd lease of its own, of exactly the TTL (``reuse_leases`` is
-    accepted and has no effect): expiry is that etcd lease's TTL on the server; renew
-    keeps it alive only while the caller's record is on it. An etcd lease left without
-    a record is revoked by one background thread, which :meth:`close` drains.
+    etcd leases are reused as the async provider reuses them (``reuse_leases``, on by
+    default, for TTLs of 10 s and more): an acquire binds an idle one this provider
+    granted, in its one transaction, instead of granting one first. An etcd lease left
+    without a record (and not kept) is revoked by one background thread, which also
+    revokes each kept one once it can no longer be bound; :meth:`flush` revokes the
+    kept ones now, :meth:`close` too and drains the thread.
 
     In a forked child, a provider is rebuilt and works if its process had not opened
     any gRPC channel before the fork; once gRPC has started in the parent (any etcd
@@ -319,11 +322,13 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         self._revoker = _blocking.Revoker(self._transport, self.timeout_s)
         self._ctx = _ops.Context(
             settings.prefix_bytes,
-            reuse=False,
+            reuse=settings.reuse_leases,
             revoke_later=self._revoker,
             now=time.monotonic,
+            call_at=self._revoker.call_at,
             min_ttl_s=DEFAULT_MIN_TTL_S,
         )
+        self._pool = self._ctx.pool
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> EtcdSyncLeaseProvider:
@@ -345,8 +350,13 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         self._transport.run(_ops.ping(self._ctx), self.timeout_s)
 
     def _close_client(self) -> None:
+        self._revoke_idle()
         self._revoker.drain()
         self._transport.close()
+
+    def _revoke_idle(self) -> None:
+        for lease in self._pool.take_all_idle():
+            self._ctx.revoke(lease)
 
     def _describe(self) -> str:
         return _describe(self.endpoints, self.prefix)
@@ -363,6 +373,10 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     def release_lease(self, key: str, owner: str) -> None:
         self._run(_ops.release(self._ctx, key, owner), key)
 
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`EtcdLeaseProvider.release_if_held`."""
+        return self._run(_ops.release(self._ctx, key, owner), key)
+
     def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token``."""
         self._run(_ops.release_grant(self._ctx, key, owner, token), key)
@@ -376,6 +390,18 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, as :meth:`EtcdLeaseProvider.inspect`."""
         return self._run(_ops.inspect(self._ctx, prefix, limit), prefix)
+
+    def lease_ids(self) -> list[int]:
+        """Every etcd lease in the cluster, after :meth:`flush`; as
+        :meth:`EtcdLeaseProvider.lease_ids` (for tests and diagnostics)."""
+        self.flush()
+        return self._run(_ops.lease_ids(), None)
+
+    def flush(self) -> None:
+        """Revoke the idle etcd leases kept for reuse, and wait for every revocation in
+        the background (each bounded; one that fails ends at its TTL). Never raises."""
+        self._revoke_idle()
+        self._revoker.flush()
 
 
 def _describe(endpoints: Sequence[str], prefix: str) -> str:

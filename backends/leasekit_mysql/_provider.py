@@ -284,9 +284,8 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
                 self._transport.run(_ops.ready(self._schema), deadline)
 
     def _sweep_quietly(self) -> None:
-        settings = self._settings
         try:
-            self._run(_ops.sweep(self._statements, settings.sweep_grace_s, settings.sweep_batch))
+            self.sweep()
         except (LeaseBackendError, LeaseProviderClosed) as exc:
             _log.debug("sweep failed: %s", exc)
 
@@ -311,6 +310,14 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
     def release_lease(self, key: str, owner: str) -> None:
         self._run(_ops.release(self._statements, key, owner), key, write=True)
 
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`MySQLLeaseProvider.release_if_held`."""
+        return self._run(_ops.release(self._statements, key, owner), key, write=True) == 1
+
+    def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Blocking :meth:`MySQLLeaseProvider.release_grant`."""
+        self._run(_ops.release_grant(self._statements, key, owner, token), key, write=True)
+
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return self._run(_ops.renew(self._statements, key, owner, ttl_ms), key, write=True)
 
@@ -321,6 +328,15 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, optionally only keys starting with ``prefix``."""
         return self._run(_ops.inspect(self._statements, prefix, limit), prefix)
+
+    def sweep(self) -> int:
+        """Blocking :meth:`MySQLLeaseProvider.sweep`."""
+        settings = self._settings
+        return self._run(_ops.sweep(self._statements, settings.sweep_grace_s, settings.sweep_batch))
+
+    def row_count(self) -> int:
+        """Blocking :meth:`MySQLLeaseProvider.row_count`."""
+        return self._run(_ops.row_count(self._statements))
 
     def migrate(self) -> int:
         """Create what is missing of the schema; see :meth:`MySQLLeaseProvider.migrate`."""

@@ -3,8 +3,8 @@
 Only I/O. :func:`exchange` sends one :class:`~leasekit_postgres._ops.Query` and reads
 its reply; :func:`run` drives an operation of ``_ops`` with it
 (:func:`~leasekit.backend.drive_async`). :class:`AsyncTransport` is a provider's pool or
-single connection: it checks a connection out for each operation, runs the operation
-once more on a fresh connection when the first one died (for an idempotent operation),
+single connection: it checks a connection out for each attempt of ``_ops.attempts``
+(the operation, and once more on a fresh connection when the first one died),
 opens a pool the provider built with a first direct connection (so that a refused
 connection, a wrong password or an unknown host surface at once instead of as
 psycopg_pool's background retries) and checks the schema once. psycopg_pool's own log
@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
@@ -72,6 +73,12 @@ async def exchange(conn: psycopg.AsyncConnection[Any], query: _ops.Query) -> Any
         if query.reads == "rows":
             return await cursor.fetchall()
         return await cursor.fetchone()
+    except psycopg.OperationalError as exc:
+        if _ops.lost(conn):
+            raise _ops.ConnectionLost(str(exc)) from exc
+        if _ops.needs_rollback(conn):
+            await conn.rollback()
+        raise
     except psycopg.Error:
         if _ops.needs_rollback(conn):
             await conn.rollback()
@@ -124,6 +131,10 @@ class AsyncTransport:
         self.closing = False
         self.server = self._server()
         self.where = where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
 
     async def run(
         self,
@@ -148,28 +159,29 @@ class AsyncTransport:
                 await self.ensure_ready(check_schema=check_schema)
             if pool is None:
                 return await self._run_single(operation)
-            retried = False
-            while True:
-                conn: psycopg.AsyncConnection[Any] | None = None
-                try:
-                    async with pool.connection() as conn:
-                        return await run(conn, operation)
-                except psycopg.OperationalError as exc:
-                    if retried or again is None or not _ops.lost(conn):
-                        raise
-                    # The connection died (server restart, pg_terminate_backend, a proxy
-                    # dropping idle links): its idle siblings likely too. Let the pool
-                    # test and replace them, then run the operation once more. The first
-                    # attempt may or may not have run; every retried operation is
-                    # idempotent.
-                    log.info("connection lost (%s); retrying once on a fresh one", exc)
-                    retried = True
-                    operation = again(*args)
-                    await pool.check()
+            attempts = _ops.attempts(operation, again, args)
+            return await drive_async(attempts, self._attempt, throws=_ops.RETRIED)
         except PoolClosed:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
+
+    async def _attempt(self, step: _ops.Operation[_T] | _ops.Retry) -> _T:
+        """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
+        assert self.pool is not None
+        if isinstance(step, _ops.Retry):
+            await self.pool.check()
+            step = step.operation
+        async with self.pool.connection() as conn:
+            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
+            try:
+                result = await run(conn, step)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                await conn.close()  # on a standby: the pool discards it
+                raise
+            if watch is not None:
+                watch.check(self.where)
+            return result
 
     async def _run_single(self, operation: _ops.Operation[_T]) -> _T:
         assert self.conn is not None
@@ -178,7 +190,12 @@ class AsyncTransport:
             raise LeaseBackendError(
                 "the connection left autocommit mode; leasekit needs it on", backend=BACKEND
             )
-        return await run(self.conn, operation)
+        if self.watches is None:
+            return await run(self.conn, operation)
+        watch = _ops.CommitWatch.on(self.watches, self.conn)
+        result = await run(self.conn, operation)
+        watch.check(self.where)
+        return result
 
     async def open(self) -> None:
         """Connect and check the schema now (``async with``)."""
@@ -207,7 +224,7 @@ class AsyncTransport:
                             self.ready = True
                     finally:
                         await conn.close()
-                await pool.open(wait=False)
+                await self._fill(pool)
                 if not check_schema or self.ready:
                     return
             if not check_schema:
@@ -219,10 +236,24 @@ class AsyncTransport:
                     await run(conn, self._ensure_schema())
             self.ready = True
 
+    async def _fill(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Open the pool we built and wait for its ``min_size`` connections.
+
+        Not left connecting in the background: a connection attempt that the end of
+        the event loop (``asyncio.run()``) cancels midway hung in psycopg_pool's
+        reconnection attempts for its ``reconnect_timeout`` (300 s). The wait is the
+        call's, so its deadline (``timeout_s``) cuts it off first: the call is then a
+        :class:`~leasekit.LeaseBackendTimeout` and the pool, open, goes on filling.
+        """
+        await pool.open(wait=True, timeout=self.settings.timeout_s)
+
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Any]:

@@ -21,9 +21,9 @@ reach the server in the order they were made, as the async provider's do.
 from __future__ import annotations
 
 import itertools
-import logging
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -34,22 +34,13 @@ from psycopg_pool import ConnectionPool
 from leasekit import LeaseBackendTimeout
 from leasekit.backend import SyncDeadlines, drive
 
-from . import _ops
-from ._options import (
-    BACKEND,
-    CONNECT_ERRORS,
-    PoolSettings,
-    Settings,
-    check_client,
-    server_of,
-    where,
-)
+from . import _ops, _options
+from ._options import BACKEND, CONNECT_ERRORS, PoolSettings, Settings
 
 __all__ = ["BlockingTransport", "exchange", "own_pool", "run"]
 
 _T = TypeVar("_T")
 
-log = logging.getLogger("leasekit.postgres")
 _pool_numbers = itertools.count(1)
 
 
@@ -62,6 +53,12 @@ def exchange(conn: psycopg.Connection[Any], query: _ops.Query) -> Any:
         if query.reads == "rows":
             return cursor.fetchall()
         return cursor.fetchone()
+    except psycopg.OperationalError as exc:
+        if _ops.lost(conn):
+            raise _ops.ConnectionLost(str(exc)) from exc
+        if _ops.needs_rollback(conn):
+            conn.rollback()
+        raise
     except psycopg.Error:
         if _ops.needs_rollback(conn):
             conn.rollback()
@@ -90,7 +87,7 @@ class BlockingTransport:
     """A provider's blocking pool, and how one operation runs on it within ``timeout_s``."""
 
     def __init__(self, pool: ConnectionPool[Any], settings: Settings) -> None:
-        check_client(pool, ConnectionPool, None, expected="a psycopg_pool.ConnectionPool")
+        _options.check_client(pool, ConnectionPool, None, expected="a psycopg_pool.ConnectionPool")
         self.pool = pool
         self.settings = settings
         self.ready = False
@@ -100,8 +97,12 @@ class BlockingTransport:
         # statement may still sit in that (frozen) process's socket and run when it
         # wakes, after the caller went on: the next call on the key ends it first.
         self._abandoned: dict[str, int] = {}
-        self.server = server_of(pool.conninfo)
-        self.where = where(self.server, settings.table)
+        self.server = _options.server_of(pool.conninfo)
+        self.where = _options.where(self.server, settings.table)
+        # With synchronous_commit: each connection's watch for unacknowledged commits.
+        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+            None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
+        )
 
     def run(
         self,
@@ -109,6 +110,7 @@ class BlockingTransport:
         again: Callable[..., _ops.Operation[_T]] | None = None,
         args: tuple[Any, ...] = (),
         key: str | None = None,
+        check_schema: bool = True,
     ) -> _T:
         """Run ``operation``; if its connection died, ``again(*args)`` on a fresh one.
 
@@ -116,24 +118,27 @@ class BlockingTransport:
         ``again`` is ``None`` for an operation that may not run twice.
         """
         if not self.ready:
-            self.ensure_ready()
+            self.ensure_ready(check_schema=check_schema)
         if self._abandoned and key is not None and key in self._abandoned:
             self._end_abandoned(key)
-        retried = False
-        while True:
-            conn: psycopg.Connection[Any] | None = None
+        attempts = _ops.attempts(operation, again, args)
+        return drive(attempts, partial(self._attempt, key), throws=_ops.RETRIED)
+
+    def _attempt(self, key: str | None, step: _ops.Operation[_T] | _ops.Retry) -> _T:
+        """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
+        if isinstance(step, _ops.Retry):
+            self.pool.check()
+            step = step.operation
+        with self.pool.connection() as conn:
+            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
             try:
-                with self.pool.connection() as conn:
-                    return self._bounded(conn, operation, key)
-            except psycopg.OperationalError as exc:
-                if retried or again is None or not _ops.lost(conn):
-                    raise
-                # A dead connection (server restart, a proxy dropping idle links): let
-                # the pool replace it, run once more.
-                log.info("connection lost (%s); retrying once on a fresh one", exc)
-                retried = True
-                operation = again(*args)
-                self.pool.check()
+                result = self._bounded(conn, step, key)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                conn.close()  # on a standby: the pool discards it
+                raise
+            if watch is not None:
+                watch.check(self.where, key)
+            return result
 
     def _end_abandoned(self, key: str) -> None:
         """End the server process that may still run a call abandoned on ``key``, or raise.
@@ -185,8 +190,9 @@ class BlockingTransport:
         finally:
             deadlines.close(watch)
 
-    def ensure_ready(self) -> None:
-        """Open the pool (first connection made directly) and check or create the schema."""
+    def ensure_ready(self, *, check_schema: bool = True) -> None:
+        """Open the pool (first connection made directly) and check or create the schema
+        (not for ``migrate``, ``check_schema=False``, which creates it)."""
         with self._ready_lock:
             if self.ready:
                 return
@@ -199,13 +205,16 @@ class BlockingTransport:
                     with CONNECT_ERRORS.mapping(where=self.where):
                         first = psycopg.Connection.connect(conninfo, **kwargs)
                     try:
-                        self._bounded(first, self._ensure_schema(), None)
+                        if check_schema:
+                            self._bounded(first, self._ensure_schema(), None)
+                            self.ready = True
                     finally:
                         first.close()
-                    self.ready = True
                 pool.open(wait=False)
                 if self.ready:
                     return
+            if not check_schema:
+                return
             with pool.connection() as conn:
                 self._bounded(conn, self._ensure_schema(), None)
             self.ready = True
@@ -213,7 +222,10 @@ class BlockingTransport:
     def _ensure_schema(self) -> _ops.Operation[None]:
         settings = self.settings
         return _ops.ensure_schema(
-            settings.statements, settings.table, create=settings.create_schema
+            settings.statements,
+            settings.table,
+            create=settings.create_schema,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     def close(self) -> None:

@@ -13,19 +13,29 @@ Each public factory validates its arguments before it returns the generator, so 
 key raises :class:`~leasekit.InvalidLeaseArgument` before any I/O, whichever provider
 asked. Also here, as pure functions of what a transport sees: whether a failed
 statement left the connection in an aborted transaction (:func:`needs_rollback`) or
-lost it (:func:`lost`), and when to sweep (:class:`SweepSchedule`).
+lost it (:func:`lost`), the one retry on a fresh connection after a lost one
+(:func:`attempts`, which both transports drive), and when to sweep
+(:class:`SweepSchedule`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
 import psycopg.errors
 from psycopg import pq
 
-from leasekit import LeaseBackendError, LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from leasekit import (
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseResult,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
 from leasekit import backend as toolkit
 from leasekit.backend import LeaseRecord, RenewItem, check_renew_items
 
@@ -33,10 +43,16 @@ from . import _sql
 from ._options import BACKEND, INSPECT_LIMIT
 
 __all__ = [
+    "RETRIED",
+    "CommitWatch",
+    "ConnectionLost",
     "Operation",
     "Query",
+    "Retry",
     "SweepSchedule",
     "acquire",
+    "attempts",
+    "check_synchronous_standby",
     "end_process",
     "ensure_schema",
     "inspect",
@@ -56,6 +72,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+_log = logging.getLogger("leasekit.postgres")
 _DENIED_RETRIES = 3
 
 
@@ -311,8 +328,16 @@ def migrate(sql: _sql.Statements) -> Operation[int]:
     return _sql.SCHEMA_VERSION if version is None else version
 
 
-def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operation[None]:
-    """Check the schema; create it if it is missing and ``create``; refuse a newer one."""
+def ensure_schema(
+    sql: _sql.Statements, table: str, *, create: bool, synchronous_commit: str | None = None
+) -> Operation[None]:
+    """Check the schema; create it if it is missing and ``create``; refuse a newer one.
+
+    With ``synchronous_commit``, first check that the session runs at that level and
+    that the server names a synchronous standby (:func:`check_synchronous_standby`).
+    """
+    if synchronous_commit is not None:
+        yield from check_synchronous_standby(synchronous_commit)
     version = yield from schema_version(sql)
     if version == _sql.SCHEMA_VERSION:
         return
@@ -331,6 +356,32 @@ def ensure_schema(sql: _sql.Statements, table: str, *, create: bool) -> Operatio
     yield from create_schema(sql)
 
 
+def check_synchronous_standby(level: str) -> Operation[None]:
+    """Refuse to run unless commits wait for a synchronous standby at ``level``.
+
+    The session must run at ``synchronous_commit = level`` (``from_url`` sets it in the
+    connections' startup options; a caller's pool must set it itself), and the server's
+    ``synchronous_standby_names`` must name a standby: empty, every commit returns as
+    soon as it is flushed locally, and a failover could lose a grant.
+    """
+    session_level, standby_names = yield Query(_sql.REPLICATION_SETTINGS)
+    if not str(standby_names).strip():
+        raise LeaseBackendError(
+            f"synchronous_commit={level} asks for grants acknowledged by a synchronous "
+            "standby, but the server's synchronous_standby_names is empty, so no commit "
+            "waits for one; configure a synchronous standby on the primary, or leave "
+            "synchronous_commit unset",
+            backend=BACKEND,
+        )
+    if session_level != level:
+        raise LeaseBackendError(
+            f"synchronous_commit={level} was asked for, but the connections run with "
+            f"synchronous_commit={session_level}; give the pool's connections "
+            f"options='-c synchronous_commit={level}' (from_url does)",
+            backend=BACKEND,
+        )
+
+
 # -- what a transport reads off a connection --------------------------------------------------
 
 
@@ -342,9 +393,109 @@ def needs_rollback(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     return not conn.broken and conn.info.transaction_status == pq.TransactionStatus.INERROR
 
 
+class CommitWatch:
+    """Notes, on one connection, a commit the standby never acknowledged.
+
+    With ``synchronous_commit``, a commit waits for the synchronous standby; when the
+    statement is cancelled meanwhile (``statement_timeout``: ``timeout_s``), PostgreSQL
+    stops waiting, keeps the commit on the primary, and answers as if all went well,
+    with a ``WARNING`` ("canceling wait for synchronous replication"). Installed as the
+    connection's notice handler (:meth:`notice`); :meth:`check` after each operation
+    turns such a warning into :class:`~leasekit.LeaseBackendTimeout`: the outcome is
+    unknown, as for any timeout. Any warning of the generic class ``01000`` counts,
+    whatever the server's language; leasekit's statements raise no other.
+    """
+
+    __slots__ = ("unconfirmed",)
+
+    def __init__(self) -> None:
+        self.unconfirmed = False
+
+    @classmethod
+    def on(cls, watches: MutableMapping[Any, CommitWatch] | None, conn: Any) -> CommitWatch:
+        """``conn``'s watch in ``watches``, installed on first use, cleared for the
+        operation about to run (a warning some other statement on the connection drew
+        is not this operation's)."""
+        assert watches is not None
+        watch = watches.get(conn)
+        if watch is None:
+            watch = watches[conn] = cls()
+            conn.add_notice_handler(watch.notice)
+        watch.unconfirmed = False
+        return watch
+
+    def notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000":
+            self.unconfirmed = True
+
+    def check(self, where: str, key: str | None = None) -> None:
+        """Raise if the last operation's commit went unacknowledged; forget it."""
+        if self.unconfirmed:
+            self.unconfirmed = False
+            raise LeaseBackendTimeout(
+                "the synchronous standby did not acknowledge the commit within timeout_s: "
+                f"it stands on the primary but may be lost in a failover{where}",
+                backend=BACKEND,
+                key=key,
+            )
+
+
 def lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
     """Whether an ``OperationalError`` on ``conn`` means the connection itself died."""
     return conn is not None and (conn.closed or conn.broken)
+
+
+class ConnectionLost(psycopg.OperationalError):
+    """The connection died under a statement (its cause is psycopg's error): the
+    statement may or may not have run. What a transport's ``exchange`` raises instead,
+    so that :func:`attempts` can tell it from a statement that failed on the server."""
+
+
+@dataclass(slots=True)
+class Retry:
+    """What :func:`attempts` asks a transport for the second time: test the pool's
+    idle connections (the lost one's siblings likely died too), then run ``operation``
+    on one."""
+
+    operation: Operation[Any]
+
+
+def attempts(
+    operation: Operation[_T],
+    again: Callable[..., Operation[_T]] | None,
+    args: tuple[Any, ...],
+) -> toolkit.Operation[Operation[_T] | Retry, _T]:
+    """The one retry policy: ``operation``; once more, as ``again(*args)``, if its
+    connection died (:class:`ConnectionLost`: a server restart, ``pg_terminate_backend``,
+    a proxy dropping idle links).
+
+    Yields the operation to run on a pooled connection (then a :class:`Retry`), and is
+    sent its result or thrown its :class:`ConnectionLost`. ``again`` is ``None`` for an
+    operation that may not run twice: a transfer that landed before the connection
+    died would answer False the second time; every operation retried is idempotent.
+    ``again`` and ``args`` come apart, not as a closure, which would cost a cell per
+    argument and a function object on every call.
+    """
+    try:
+        result: _T = yield operation
+    except ConnectionLost as exc:
+        if again is None:
+            raise
+        _log.info("connection lost (%s); retrying once on a fresh one", exc)
+        result = yield Retry(again(*args))
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        if again is None:
+            raise
+        # The connection reached a standby (or a demoted primary), which the transport
+        # closed: nothing was written. Once more on a fresh connection, which libpq opens
+        # on the primary (target_session_attrs=read-write).
+        _log.info("connection on a read-only server (%s); retrying once", exc)
+        result = yield Retry(again(*args))
+    return result
+
+
+RETRIED = (ConnectionLost, psycopg.errors.ReadOnlySqlTransaction)
+"""What a transport throws into :func:`attempts`: the failures it may retry."""
 
 
 class SweepSchedule:

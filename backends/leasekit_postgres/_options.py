@@ -50,6 +50,7 @@ __all__ = [
     "ERRORS",
     "INSPECT_LIMIT",
     "PROVIDER_OPTIONS",
+    "URL_FORMS",
     "URL_OPTIONS",
     "PoolSettings",
     "Settings",
@@ -66,6 +67,11 @@ __all__ = [
 
 BACKEND = "postgresql"
 SCHEMES = ("postgresql", "postgres")
+URL_FORMS = (
+    "postgresql://h1:5432,h2:5432/db (primary and standbys: the writable one is used)",
+    "?synchronous_commit=on (grants acknowledged by a synchronous standby)",
+)
+"""What ``leasekit backends`` shows beside the plain URL."""
 
 CAPABILITIES = Capabilities(
     atomic_transfer=True,
@@ -84,6 +90,9 @@ ERRORS = ErrorMap(
     {
         PoolTimeout: LeaseBackendTimeout,  # no connection available within timeout_s
         psycopg.errors.QueryCanceled: LeaseBackendTimeout,  # statement_timeout
+        # A connection that reached a standby (or a demoted primary): nothing was written,
+        # and no writable primary was reached through it.
+        psycopg.errors.ReadOnlySqlTransaction: LeaseBackendUnreachable,
         psycopg.Error: LeaseBackendError,
     },
     backend=BACKEND,
@@ -128,6 +137,23 @@ def table_name(table: str) -> _sql.TableName:
 
 
 _TABLE = Option("table", str, _sql.DEFAULT_TABLE, check=_check_table)
+
+SYNCHRONOUS_COMMIT_LEVELS = ("remote_write", "on", "remote_apply")
+"""The ``synchronous_commit`` levels that wait for a synchronous standby, weakest first."""
+
+
+def _check_synchronous_commit(level: str) -> str:
+    if level not in SYNCHRONOUS_COMMIT_LEVELS:
+        raise InvalidLeaseArgument.for_argument(
+            "synchronous_commit",
+            "must be one of remote_write, on, remote_apply (the levels at which a commit "
+            "waits for a synchronous standby; leave it unset for the server's own "
+            f"setting), got {level!r}",
+            level,
+        )
+    return level
+
+
 _PROVIDER = (
     _TABLE,
     timeout_option(5.0),
@@ -137,6 +163,9 @@ _PROVIDER = (
     Option("sweep_grace_s", float, 600.0, above=0),
     # LISTEN/NOTIFY wake-ups for waiters; off behind a transaction-mode pgbouncer.
     Option("notifications", bool, True),
+    # A grant counts only once a synchronous standby has it; checked when the provider
+    # starts (synchronous_standby_names must name one).
+    Option("synchronous_commit", str, None, nullable=True, check=_check_synchronous_commit),
 )
 
 PROVIDER_OPTIONS = OptionSet(BACKEND, _PROVIDER)
@@ -180,6 +209,8 @@ class Settings:
     sweep_batch: int
     sweep_grace_s: float
     notifications: bool
+    synchronous_commit: str | None
+    """The level every leasekit session must run at, checked at start; ``None``: any."""
     statements: _sql.Statements
     channel: str | None
     """The ``NOTIFY`` channel releases and transfers notify on; ``None`` when off."""
@@ -221,6 +252,11 @@ class SettingsAttributes:
         """Whether releases and transfers notify waiters (``LISTEN``/``NOTIFY``)."""
         return self._settings.notifications
 
+    @property
+    def synchronous_commit(self) -> str | None:
+        """The ``synchronous_commit`` level leasekit's sessions must run at (``None``: any)."""
+        return self._settings.synchronous_commit
+
 
 def provider_settings(options: Mapping[str, object]) -> Settings:
     """A provider's keyword options (those of :data:`PROVIDER_OPTIONS`) as :class:`Settings`.
@@ -239,6 +275,7 @@ def provider_settings(options: Mapping[str, object]) -> Settings:
         sweep_batch=values["sweep_batch"],
         sweep_grace_s=values["sweep_grace_s"],
         notifications=notifications,
+        synchronous_commit=values["synchronous_commit"],
         statements=_sql.Statements(table),
         channel=channel_for(str(table)) if notifications else None,
         capabilities=(
@@ -271,15 +308,22 @@ def check_client(
 
 
 def server_of(conninfo: object) -> str:
-    """``host:port/dbname`` of a connection string, for messages (never the password)."""
+    """``host:port/dbname`` of a connection string, for messages (never the password).
+
+    Several hosts (a multi-host URL): ``host1:port1,host2:port2/dbname``.
+    """
     if not isinstance(conninfo, str):
         return ""  # a callable that computes it (psycopg_pool >= 3.3)
     try:
         params = conninfo_to_dict(conninfo)
     except (psycopg.Error, ValueError):
         return ""
-    host, port = params.get("host", "localhost"), params.get("port", "5432")
-    return f"{host}:{port}/{params.get('dbname', '')}"
+    hosts = str(params.get("host") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) == 1:  # one port for every host
+        ports *= len(hosts)
+    endpoints = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False))
+    return f"{endpoints}/{params.get('dbname', '')}"
 
 
 def where(server: str, table: str) -> str:
@@ -346,11 +390,21 @@ def pool_settings(url: object, overrides: Mapping[str, object]) -> PoolSettings:
         ) from None
     _check_libpq_values(params, parsed.original)
     timeout_s: float = options["timeout_s"]
+    startup = []
     if options["server_timeout"]:
         # A startup option, not a SET: it holds for the whole connection without any
         # session state, and the server cancels a statement stuck past timeout_s.
-        extra = f"-c statement_timeout={max(1, math.ceil(timeout_s * 1000))}"
-        params["options"] = f"{params.get('options', '')} {extra}".strip()
+        startup.append(f"-c statement_timeout={max(1, math.ceil(timeout_s * 1000))}")
+    if options["synchronous_commit"] is not None:
+        # Also a startup option: every commit of leasekit's sessions waits for the standby.
+        startup.append(f"-c synchronous_commit={options['synchronous_commit']}")
+    if startup:
+        params["options"] = " ".join([str(params.get("options") or ""), *startup]).strip()
+    if "," in str(params.get("host") or "") and "target_session_attrs" not in params:
+        # Several hosts (a primary and its standbys): connect only to the one that
+        # accepts writes, whichever it is now. libpq's default would take the first
+        # that answers, a standby included.
+        params["target_session_attrs"] = "read-write"
     params.setdefault("connect_timeout", str(max(2, math.ceil(timeout_s))))
     params.setdefault("fallback_application_name", "leasekit")
     return PoolSettings(

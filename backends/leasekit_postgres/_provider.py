@@ -42,6 +42,7 @@ from ._options import (
     BACKEND,
     CAPABILITIES,
     ERRORS,
+    URL_FORMS,
     Settings,
     SettingsAttributes,
     describe,
@@ -63,6 +64,7 @@ class _PostgresProvider(SettingsAttributes):
     backend: ClassVar[str] = BACKEND
     capabilities: Capabilities = CAPABILITIES
     errors: ClassVar[ErrorMap] = ERRORS
+    url_forms: ClassVar[tuple[str, ...]] = URL_FORMS
 
     def _adopt(self, settings: Settings) -> None:
         self._settings = settings
@@ -93,8 +95,15 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
       (0: never by itself) a background statement deletes up to ``sweep_batch`` rows
       that expired more than ``sweep_grace_s`` ago (default 600, longer than
       ``timeout_s``).
+    - ``synchronous_commit`` (default unset: the server's setting) is ``remote_write``,
+      ``on`` or ``remote_apply``: a grant is acknowledged only once a synchronous standby
+      has it at that level. The provider refuses to start
+      (:class:`~leasekit.LeaseBackendError`) unless its sessions run at that level
+      (``from_url`` sets it; a caller's pool sets ``options='-c synchronous_commit=...'``)
+      and the server's ``synchronous_standby_names`` names a standby.
 
-    Fencing tokens come from a sequence and survive restarts; the table is persistent.
+    Fencing tokens carry the server's clock (they never go back, a failover included)
+    and survive restarts; the table is persistent.
     A caller's pool or connection is used as it is (open it first); pass
     ``close_client=True`` to have :meth:`aclose` close it too.
     """
@@ -110,10 +119,12 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         sweep_batch: int = 1000,
         sweep_grace_s: float = 600.0,
         notifications: bool = True,
+        synchronous_commit: str | None = None,
         close_client: bool = False,
     ) -> None:
         settings = provider_settings(
             {
+                "synchronous_commit": synchronous_commit,
                 "table": table,
                 "timeout_s": timeout_s,
                 "create_schema": create_schema,
@@ -427,10 +438,28 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         args = (self._sql, key, owner, self._channel)
         self._send(_ops.release(*args), key, _ops.release, args, write=True)
 
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`PostgresLeaseProvider.release_if_held` (not retried, as there)."""
+        operation = _ops.release(self._sql, key, owner, self._channel)
+        return self._send(operation, key, write=True)
+
+    def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Blocking :meth:`PostgresLeaseProvider.release_grant`."""
+        args = (self._sql, key, owner, token, self._channel)
+        self._send(_ops.release_grant(*args), key, _ops.release_grant, args, write=True)
+
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.renew_lease`."""
         args = (self._sql, key, owner, ttl_ms)
         return self._send(_ops.renew(*args), key, _ops.renew, args, write=True)
+
+    def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Blocking :meth:`PostgresLeaseProvider.renew_leases`: one statement for the batch."""
+        operation = _ops.renew_many(self._sql, items)
+        if not items:
+            return []
+        args = (self._sql, items)
+        return self._send(operation, items[0][0], _ops.renew_many, args, write=True)
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.transfer_lease` (not retried, as there)."""
@@ -439,7 +468,31 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         )
         return self._send(operation, key, write=True)
 
+    def lease_remaining_ms(self, key: str) -> int | None:
+        """Blocking :meth:`PostgresLeaseProvider.lease_remaining_ms`."""
+        args = (self._sql, key)
+        return self._send(_ops.remaining(*args), key, _ops.remaining, args)
+
+    # -- beyond the contract ------------------------------------------------------------
+
+    def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """Blocking :meth:`PostgresLeaseProvider.inspect`."""
+        args = (self._sql, prefix, limit)
+        return self._send(_ops.inspect(*args), prefix, _ops.inspect, args)
+
+    def migrate(self) -> int:
+        """Blocking :meth:`PostgresLeaseProvider.migrate`."""
+        args = (self._sql,)
+        operation = _ops.migrate(*args)
+        version: int = self._call(self._io.run, operation, _ops.migrate, args, None, False)
+        self._io.ready = version == _sql.SCHEMA_VERSION
+        return version
+
     def sweep(self) -> int:
         """Delete one batch of rows expired more than ``sweep_grace_s`` ago; how many went."""
         args = (self._sql, self.sweep_grace_s, self.sweep_batch)
         return self._send(_ops.sweep(*args), None, _ops.sweep, args)
+
+    def row_count(self) -> int:
+        """Blocking :meth:`PostgresLeaseProvider.row_count`."""
+        return self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))

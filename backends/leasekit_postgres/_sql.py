@@ -4,7 +4,7 @@ The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            key bytea PRIMARY KEY, owner bytea, token bigint,
                                expires_at timestamptz (index leasekit_leases_expires_at)
-    leasekit_leases_token_seq  the sequence every fencing token is drawn from
+    leasekit_leases_token_seq  the sequence every fencing token's last three digits come from
     leasekit_leases_meta       name text PRIMARY KEY, value bigint: 'schema_version'
 
 Keys and owners are UTF-8 ``bytea``: ``text`` cannot hold NUL, and bytes compare and
@@ -19,19 +19,27 @@ UPDATE``: when two statements race for a row, the second waits for the first to
 commit and then re-evaluates its ``WHERE`` against the row as the first left it
 (READ COMMITTED's re-check), so no decision is ever made on a stale row.
 
-**Fencing tokens** come from one sequence per table (``nextval`` is never rolled back
-and never repeats a value, including across restarts; its ``CACHE`` must stay 1, the
-default, or sessions would hand out values out of order). A token drawn while the
-statement holds the key's row lock (a takeover by ``ON CONFLICT DO UPDATE``, a
-transfer) is greater than every token issued before, for any key. The one token
-drawn early is the one in ``INSERT ... VALUES``, evaluated before the statement looks
-for a conflicting row; it is used only if no row for the key exists when the insert
-lands. So rows are never deleted while they may matter: a release keeps the row as an
-expired **tombstone** with its token, and the sweep deletes only rows expired for more
-than a grace period (``sweep_grace_s``, ten minutes by default, always longer than the
-statement timeout). An insert that finds no row therefore cannot follow a newer grant
-of its key unless the statement ran for longer than the grace period, which the
-statement timeout rules out.
+**Fencing tokens** are ``server clock in microseconds * 1000 + nextval(seq) % 1000``
+(:data:`_NEW_FENCE`), and a grant that replaces a row (a takeover by ``ON CONFLICT DO
+UPDATE``, a transfer) takes ``GREATEST(previous token + 1, that)`` under the row lock:
+strictly increasing per key whatever the clock does. The clock part is what keeps
+tokens from going back after a failover: a standby promoted after it missed the last
+commits (asynchronous replication) also missed the sequence's latest values, since
+``nextval`` is WAL-logged ahead in batches of 32, so a token drawn from the sequence
+alone could repeat or fall below one already issued; the promoted server's clock,
+read seconds later, is past every token the old primary issued (so long as the two
+hosts' clocks agree within the failover's duration). The sequence part tells apart
+grants of the same microsecond (different keys: tokens are unique across keys unless
+a thousand grants share one microsecond). Within ``bigint`` until the year 2262.
+
+The one token drawn early is the one in ``INSERT ... VALUES``, evaluated before the
+statement looks for a conflicting row; it is used only if no row for the key exists
+when the insert lands. So rows are never deleted while they may matter: a release
+keeps the row as an expired **tombstone** with its token, and the sweep deletes only
+rows expired for more than a grace period (``sweep_grace_s``, ten minutes by default,
+always longer than the statement timeout). An insert that finds no row therefore
+cannot follow a newer grant of its key unless the statement ran for longer than the
+grace period, which the statement timeout rules out.
 """
 
 from __future__ import annotations
@@ -40,8 +48,13 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-SCHEMA_VERSION = 1
-"""The layout this code reads and writes, recorded in the meta table."""
+SCHEMA_VERSION = 2
+"""The layout this code reads and writes, recorded in the meta table.
+
+2: tokens carry the server's clock (the table is unchanged). Recording it keeps a
+leasekit of version 1, whose tokens come from the sequence alone and would be lower,
+from starting on the table; migrating from 1 only records the new version.
+"""
 
 DEFAULT_TABLE = "leasekit_leases"
 
@@ -90,7 +103,19 @@ END_PROCESS = (
     b"SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity WHERE pid = %(pid)s"
 )
 
+# No parameters -> (synchronous_commit, synchronous_standby_names) as the session sees them.
+REPLICATION_SETTINGS = (
+    b"SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')"
+)
+
 _EXPIRES_IN = "clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'"
+
+# A new token: the server's clock in microseconds, times 1000, plus the sequence's next
+# value modulo 1000 (see the module docstring). extract(epoch ...) is numeric, exact.
+_NEW_FENCE = (
+    "(floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000"
+    " + mod(nextval({seq_regclass}), 1000))"
+)
 
 
 class Statements:
@@ -113,6 +138,7 @@ class Statements:
             "expiry_index": table.expiry_index,
             "expires_in": sql.SQL(_EXPIRES_IN),
         }
+        names["fresh_token"] = sql.SQL(_NEW_FENCE).format(seq_regclass=names["seq_regclass"])
 
         def compose(text: str) -> bytes:
             used = {k: v for k, v in names.items() if f"{{{k}}}" in text}
@@ -167,12 +193,12 @@ class Statements:
             """
             WITH granted AS (
                 INSERT INTO {table} AS lease (key, owner, token, expires_at)
-                VALUES (%(key)s, %(owner)s, nextval({seq_regclass}), {expires_in})
+                VALUES (%(key)s, %(owner)s, {fresh_token}, {expires_in})
                 ON CONFLICT (key) DO UPDATE SET
                     token = CASE
                         WHEN lease.owner = excluded.owner
                             AND lease.expires_at > clock_timestamp() THEN lease.token
-                        ELSE nextval({seq_regclass})
+                        ELSE GREATEST(lease.token + 1, {fresh_token})
                     END,
                     owner = excluded.owner,
                     expires_at = {expires_in}
@@ -281,7 +307,7 @@ class Statements:
             WITH moved AS (
                 UPDATE {table} SET
                     token = CASE WHEN owner = %(to_owner)s THEN token
-                                 ELSE nextval({seq_regclass}) END,
+                                 ELSE GREATEST(token + 1, {fresh_token}) END,
                     owner = %(to_owner)s,
                     expires_at = {expires_in}
                 WHERE key = %(key)s AND owner = %(from_owner)s
@@ -307,7 +333,7 @@ class Statements:
             """
             UPDATE {table} SET
                 token = CASE WHEN owner = %(to_owner)s THEN token
-                             ELSE nextval({seq_regclass}) END,
+                             ELSE GREATEST(token + 1, {fresh_token}) END,
                 owner = %(to_owner)s,
                 expires_at = {expires_in}
             WHERE key = %(key)s AND owner = %(from_owner)s AND expires_at > clock_timestamp()

@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from leasekit import InvalidLeaseArgument
 from leasekit.backend import Deadlines
 
-from . import _options
+from . import _keys, _options
 from ._ops import Acknowledged, Command, Pipelined, Request, ScriptCall
 
 __all__ = ["AutoPipeline", "RedisClient", "build_client", "server_of"]
@@ -277,12 +277,8 @@ class AutoPipeline:
     def slot_groups(self, leases: list[bytes]) -> list[list[int]]:
         """Indexes of ``leases`` grouped by cluster slot (one group on a single server)."""
         client = self._client
-        if not isinstance(client, redis.asyncio.RedisCluster):
-            return [list(range(len(leases)))]
-        slots: dict[int, list[int]] = {}
-        for index, lease in enumerate(leases):
-            slots.setdefault(client.keyslot(lease), []).append(index)
-        return list(slots.values())
+        keyslot = client.keyslot if isinstance(client, redis.asyncio.RedisCluster) else None
+        return _keys.slot_groups(leases, keyslot)
 
     # -- one request alone: the caller's own task does the I/O --------------------------
 

@@ -24,7 +24,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from leasekit import InvalidLeaseArgument, LeaseBackendTimeout
 
-from . import _options
+from . import _keys, _options
 from ._ops import Acknowledged, Command, ScriptCall
 
 __all__ = ["BlockingTransport", "RedisSyncClient", "build_client", "server_of"]
@@ -158,6 +158,8 @@ class BlockingTransport:
                 lambda: trip(connection, what),
                 lambda _error: connection.disconnect(),
             )
+        except NoScriptError:
+            raise  # a whole reply, read: the connection is fine (exchange() sends EVAL next)
         except BaseException:
             # Whatever was cut short (a timeout, Ctrl-C mid-reply) may have left a reply
             # unread: the connection starts afresh, reconnecting on its next command.
@@ -170,6 +172,12 @@ class BlockingTransport:
         """Hand borrowed connections back to redis-py's pool (the provider is closing)."""
         if self._connections is not None:
             self._connections.give_back()
+
+    def slot_groups(self, leases: list[bytes]) -> list[list[int]]:
+        """Indexes of ``leases`` grouped by cluster slot (one group on a single server)."""
+        client = self._client
+        keyslot = client.keyslot if isinstance(client, redis.RedisCluster) else None
+        return _keys.slot_groups(leases, keyslot)
 
 
 class _Connections:

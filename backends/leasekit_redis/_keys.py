@@ -15,6 +15,7 @@ a ``SCAN`` pattern ending in ``}`` lists leases only.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 __all__ = [
     "COUNTER_SUFFIX",
@@ -22,6 +23,7 @@ __all__ = [
     "key_from_lease_name",
     "lease_name",
     "lease_scan_pattern",
+    "slot_groups",
 ]
 
 COUNTER_SUFFIX = b":fence"
@@ -62,3 +64,14 @@ def lease_scan_pattern(prefix: bytes, key_prefix: str | None) -> bytes:
     """A ``SCAN MATCH`` pattern for the lease names whose keys start with ``key_prefix``."""
     start = prefix + b"{" + ("" if key_prefix is None else key_prefix.translate(_ESCAPE)).encode()
     return _GLOB_SPECIAL.sub(rb"\\\1", start) + b"*}"
+
+
+def slot_groups(leases: list[bytes], keyslot: Callable[[bytes], int] | None) -> list[list[int]]:
+    """Indexes of ``leases`` grouped by cluster slot (``keyslot``, a cluster client's);
+    one group without one (a single server)."""
+    if keyslot is None:
+        return [list(range(len(leases)))]
+    slots: dict[int, list[int]] = {}
+    for index, lease in enumerate(leases):
+        slots.setdefault(keyslot(lease), []).append(index)
+    return list(slots.values())

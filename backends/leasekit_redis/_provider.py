@@ -1,5 +1,7 @@
 """The Redis providers, async and blocking: lifecycle only, one Lua script per operation.
 
+One module, over 500 lines: both providers' lifecycles and their extras side by side.
+
 Each operation (``_ops``) is one script that reads, checks ownership and writes with no
 other command in between, or a single ``GET``; validation, requests and replies are
 written there once. :class:`RedisLeaseProvider` drives them with
@@ -471,11 +473,43 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         """Blocking :meth:`RedisLeaseProvider.release_lease`."""
         self._call(drive, _ops.release(self._ctx, key, owner), self._exchange, key=key)
 
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.release_if_held`."""
+        operation = _ops.release(self._ctx, key, owner)
+        released: bool = self._call(drive, operation, self._exchange, key=key)
+        return released
+
+    def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Blocking :meth:`RedisLeaseProvider.release_grant`."""
+        operation = _ops.release_grant(self._ctx, key, owner, token)
+        self._call(drive, operation, self._exchange, key=key)
+
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`RedisLeaseProvider.renew_lease`."""
         operation = _ops.renew(self._ctx, key, owner, ttl_ms)
         renewed: bool = self._call(drive, operation, self._exchange, key=key)
         return renewed
+
+    def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Blocking :meth:`RedisLeaseProvider.renew_leases`: one script on a single
+        server; on a cluster one per hash slot, one after the other."""
+        checked = check_renew_items(items)
+        leases = [_keys.lease_name(self._ctx.raw_prefix, key) for key, _, _ in checked]
+        renewed = [False] * len(checked)
+        for group in self._transport.slot_groups(leases) if checked else ():
+            operation = _ops.renew_many(self._ctx, [checked[i] for i in group])
+            key = checked[group[0]][0]
+            answer: list[bool] = self._call(drive, operation, self._exchange, key=key)
+            for index, flag in zip(group, answer, strict=True):
+                renewed[index] = flag
+        return renewed
+
+    def lease_remaining_ms(self, key: str) -> int | None:
+        """Blocking :meth:`RedisLeaseProvider.lease_remaining_ms`."""
+        remaining: int | None = self._call(
+            drive, _ops.remaining(self._ctx, key), self._exchange, key=key
+        )
+        return remaining
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`RedisLeaseProvider.transfer_lease`."""

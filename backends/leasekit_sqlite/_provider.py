@@ -240,6 +240,10 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
         """Blocking :meth:`SQLiteLeaseProvider.release_lease`."""
         self._write(_ops.release(key, owner), key)
 
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`SQLiteLeaseProvider.release_if_held`."""
+        return self._write(_ops.release(key, owner), key)
+
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.renew_lease`."""
         return self._write(_ops.renew(key, owner, ttl_ms), key)
@@ -247,6 +251,30 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.transfer_lease`."""
         return self._write(_ops.transfer(key, from_owner, to_owner, ttl_ms), key)
+
+    def lease_remaining_ms(self, key: str) -> int | None:
+        """Blocking :meth:`SQLiteLeaseProvider.lease_remaining_ms`."""
+        return self._run(_ops.remaining(key), key)
+
+    def release_grant(self, key: str, owner: str, token: int) -> None:
+        """Blocking :meth:`SQLiteLeaseProvider.release_grant`."""
+        self._write(_ops.release_grant(key, owner, token), key)
+
+    def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Blocking :meth:`SQLiteLeaseProvider.renew_leases`: one transaction for the batch."""
+        return self._write(_ops.renew_many(items), items[0][0] if items else None)
+
+    def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
+        """Blocking :meth:`SQLiteLeaseProvider.inspect`."""
+        return self._run(_ops.inspect(prefix, limit), prefix)
+
+    def sweep(self) -> int:
+        """Blocking :meth:`SQLiteLeaseProvider.sweep`."""
+        return self._run(self._sweeper.sweep(), None)
+
+    def row_count(self) -> int:
+        """Blocking :meth:`SQLiteLeaseProvider.row_count`."""
+        return self._run(_ops.row_count(), None)
 
     def migrate(self) -> int:
         """Blocking :meth:`SQLiteLeaseProvider.migrate`."""

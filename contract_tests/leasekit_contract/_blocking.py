@@ -40,6 +40,7 @@ from ._suite import LeaseProviderContract
 __all__ = [
     "BLOCKING_DRIVER_REASON",
     "BLOCKING_DRIVER_SKIPS",
+    "FORWARDED_EXTRAS",
     "BlockingLeaseProviderContract",
     "BlockingProviderAsAsync",
     "BlockingProviderFactory",
@@ -58,6 +59,15 @@ more than any check runs at the same time, so none waits for a thread."""
 
 _T = TypeVar("_T")
 
+FORWARDED_EXTRAS = (
+    "release_grant",
+    "release_if_held",
+    "renew_leases",
+    "inspect",
+    "lease_remaining_ms",
+)
+"""The optional extras a blocking provider's wrapper offers when the provider has them."""
+
 
 class BlockingProviderAsAsync:
     """An async lease provider whose every call is a blocking provider's, in a worker thread.
@@ -65,15 +75,23 @@ class BlockingProviderAsAsync:
     The five operations, ``aclose()`` and ``async with`` run the blocking provider's
     methods (``close()``, ``open()``) in threads of their own (up to :data:`THREADS` at
     once), so tasks racing on the wrapper are threads racing on the blocking provider.
-    ``capabilities`` and ``timeout_s`` are the blocking provider's; nothing else is
-    forwarded (the optional extras of :mod:`leasekit.backend` are async providers').
-    A call whose awaiting task is cancelled still runs to its end in its thread: it
-    cannot be interrupted, so the wrapper waits for it.
+    ``capabilities`` and ``timeout_s`` are the blocking provider's, and so are those of
+    the optional extras in :data:`FORWARDED_EXTRAS` it has (each a method of the same
+    name here, run in a thread too), so the suite's checks of an extra run through the
+    blocking driver as well. A call whose awaiting task is cancelled still runs to its
+    end in its thread: it cannot be interrupted, so the wrapper waits for it.
     """
 
     def __init__(self, blocking: SyncProvider) -> None:
         self.blocking = blocking
         self._threads = anyio.CapacityLimiter(THREADS)
+        for name in FORWARDED_EXTRAS:
+            method = getattr(blocking, name, None)
+            if callable(method):
+                setattr(self, name, functools.partial(self._forward, method))
+
+    async def _forward(self, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self._run(functools.partial(method, *args, **kwargs))
 
     @classmethod
     def build(cls, factory: BlockingProviderFactory) -> BlockingProviderAsAsync:

@@ -216,6 +216,8 @@ def _backends(args: argparse.Namespace) -> int:
         if caps is not None:
             names = [k for k, v in asdict(caps).items() if v is True]
             flags = f"{', '.join(names) or 'none'}; TTL step {caps.ttl_resolution_ms} ms"
+        if info.url_forms:
+            flags += "\nalso: " + "; ".join(info.url_forms)
         loads = "yes" if info.loadable else f"no: {info.error}"
         # Every cell is plain text: rich would read "leasekit[redis]" in a pip hint as
         # markup and print "leasekit".

@@ -23,8 +23,10 @@ from __future__ import annotations
 from ._facade import SyncLeaseProvider
 from ._factories import connect, wrap
 from ._holding import SyncLeaseHold, SyncOnLost, elect, hold, leaders, wait_for, watch_owner
+from ._lock import Lock
 
 __all__ = [
+    "Lock",
     "SyncLeaseHold",
     "SyncLeaseProvider",
     "SyncOnLost",
