@@ -159,6 +159,29 @@ def test_wrap_runs_any_provider_and_leaves_it_open_unless_asked() -> None:
     assert "closed" in repr(memory)
 
 
+def test_release_if_held_is_the_backends_one_atomic_step(leases: SyncLeaseProvider) -> None:
+    # Natively on SQLite, Redis and PostgreSQL, through the loop thread on memory://.
+    assert leases.reports_releases
+    assert leases.acquire_lease("r", "a", LONG_TTL_MS).acquired
+    assert leases.release_if_held("r", "b") is False
+    assert leases.get_lease_owner("r") == "a"
+    assert leases.release_if_held("r", "a") is True
+    assert leases.get_lease_owner("r") is None
+    assert leases.release_if_held("r", "a") is False
+    with pytest.raises(InvalidLeaseArgument, match="key"):
+        leases.release_if_held("", "a")
+
+
+def test_release_if_held_on_a_backend_without_it_names_what_is_missing() -> None:
+    # A provider with the five contract methods only, as a third party may write.
+    with leasekit.sync.wrap(ScriptedProvider(leasekit.MemoryLeaseProvider())) as facade:
+        assert not facade.reports_releases
+        assert facade.acquire_lease("r", "a", LONG_TTL_MS).acquired
+        with pytest.raises(leasekit.BackendLacksCapability, match="release_if_held"):
+            facade.release_if_held("r", "a")
+        assert facade.get_lease_owner("r") == "a"  # nothing was released
+
+
 def test_run_reaches_what_the_facade_does_not_wrap(leases: SyncLeaseProvider) -> None:
     async def both_owners(provider: leasekit.LeaseProvider) -> tuple[str | None, str | None]:
         await provider.acquire_lease("x", "a", LONG_TTL_MS)

@@ -12,13 +12,14 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from .. import _hooks
 from .._capabilities import Capabilities, capabilities_of
 from .._contract import LeaseProvider, LeaseResult
-from .._errors import LeaseProviderClosed
+from .._errors import BackendLacksCapability, LeaseProviderClosed
 from ..backend._fork import keep_forever, on_fork_in_child
+from ..backend._records import SupportsReleaseReport, supports
 from ..backend._sync import SyncProvider
 from ._loop import LoopThread, stop_abandoned
 
@@ -231,6 +232,39 @@ class SyncLeaseProvider:
         if native is not None:
             return native.transfer_lease(key, from_owner, to_owner, ttl_ms)
         return self.run(self.provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
+
+    # -- optional extras -------------------------------------------------------------------
+
+    @property
+    def reports_releases(self) -> bool:
+        """Whether :meth:`release_if_held` is available on this backend."""
+        native = self._native
+        if native is not None:
+            return callable(getattr(native, "release_if_held", None))
+        return supports(self.provider, SupportsReleaseReport)
+
+    def release_if_held(self, key: str, owner: str) -> bool:
+        """Release ``key`` if ``owner`` holds it live, in one atomic step; True if it did.
+
+        Blocking :meth:`leasekit.backend.SupportsReleaseReport.release_if_held`: the
+        contract's ``release_lease`` says nothing back, and asking the owner first races
+        with expiry. :class:`~leasekit.BackendLacksCapability` on a backend without it
+        (:attr:`reports_releases`).
+        """
+        native = self._native
+        if native is not None:
+            method: Callable[[str, str], bool] | None = getattr(native, "release_if_held", None)
+            if callable(method):
+                return method(key, owner)
+        elif supports(self.provider, SupportsReleaseReport):
+            reporter = cast("SupportsReleaseReport", self.provider)
+            return self.run(reporter.release_if_held, key, owner)
+        raise BackendLacksCapability(
+            f"backend {self.backend!r} has no atomic release that reports whether it "
+            "released (release_if_held)",
+            backend=self.backend,
+            missing=("release_if_held",),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -144,7 +144,7 @@ class Lock(LockRules):
         token = self._release_token()
         keeper: SyncLeaseHold | None = self._take_keeper(token)
         if keeper is None:
-            self._run(release_op(self.name, token))
+            self._run(release_op(self.name, token, atomic=self._facade.reports_releases))
             return
         try:
             holder = self._run(owner_op(self.name))

@@ -173,11 +173,15 @@ class LeasekitDriver(
     def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it; whether it did.
 
-        The contract's release says nothing back, so the holder is first confirmed by a
-        renew to the shortest TTL (atomic: true only for the live holder), then released;
-        should the release fail, the lease is gone within that TTL anyway.
+        The backend's atomic ``release_if_held`` where it has one (every built-in
+        backend). Otherwise, as the contract's release says nothing back, the holder is
+        first confirmed by a renew to the shortest TTL (atomic: true only for the live
+        holder), then released; should the release fail, the lease is gone within that
+        TTL anyway.
         """
         facade = self.facade
+        if facade.reports_releases:
+            return facade.release_if_held(key, owner)
         if not facade.renew_lease(key, owner, facade.capabilities.min_ttl_ms):
             return False
         facade.release_lease(key, owner)
