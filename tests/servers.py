@@ -46,6 +46,8 @@ __all__ = [
     "MariaDBServer",
     "PostgresServer",
     "RedisClusterServer",
+    "RedisSentinelGroup",
+    "RedisSentinelServer",
     "RedisServer",
     "RespError",
     "ServerProcess",
@@ -593,6 +595,276 @@ def _cluster_settled(info: dict[str, str], size: int) -> bool:
         and info.get("cluster_known_nodes") == str(size)
         and info.get("cluster_slots_ok") == str(RedisClusterServer.slots)
     )
+
+
+# -- Redis Sentinel ---------------------------------------------------------------------
+
+
+class RedisSentinelServer(ServerProcess):
+    """``redis-sentinel`` on a loopback port, watching ``service`` at ``primary_port``.
+
+    Its configuration file is written fresh in ``workdir`` at each start (Sentinel
+    rewrites it as it learns). ``down_after_ms`` and ``failover_timeout_ms`` are small,
+    so a killed primary is replaced within a couple of seconds on loopback.
+    """
+
+    name = "redis-sentinel"
+    install_hint = "apt-get install redis-sentinel"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        service: str,
+        primary_port: int,
+        quorum: int,
+        down_after_ms: int,
+        failover_timeout_ms: int,
+    ) -> None:
+        self.service = service
+        self.primary_port = primary_port
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        super().__init__(binary, workdir)
+
+    def argv(self) -> list[str]:
+        config = self.workdir / "sentinel.conf"
+        config.write_text(
+            "\n".join(
+                [
+                    f"port {self.port}",
+                    f"bind {self.host}",
+                    "daemonize no",
+                    'logfile ""',
+                    f"dir {self.workdir}",
+                    f"sentinel monitor {self.service} {self.host} {self.primary_port} "
+                    f"{self.quorum}",
+                    f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+                    f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}",
+                    f"sentinel parallel-syncs {self.service} 1",
+                    "",
+                ]
+            )
+        )
+        return [self.binary, str(config)]
+
+    def probe(self) -> bool:
+        try:
+            return self.command("PING", timeout_s=1.0) == "PONG"
+        except (OSError, RespError):
+            return False
+
+    def command(self, *args: str | bytes | int, timeout_s: float = 5.0) -> object:
+        """Run one command on this sentinel."""
+        return resp_command(self.host, self.port, *args, timeout_s=timeout_s)
+
+    def primary_port_now(self) -> int | None:
+        """The port of the primary this sentinel names now (None if it names none)."""
+        reply = self.command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        if not isinstance(reply, list) or len(reply) != 2:
+            return None
+        return int(reply[1])
+
+    def replicas(self) -> list[dict[str, str]]:
+        """``SENTINEL REPLICAS service``: each replica this sentinel knows, as a dict."""
+        return _sentinel_table(self.command("SENTINEL", "REPLICAS", self.service))
+
+    def other_sentinels(self) -> list[dict[str, str]]:
+        """``SENTINEL SENTINELS service``: the other sentinels this one has heard of."""
+        return _sentinel_table(self.command("SENTINEL", "SENTINELS", self.service))
+
+    @classmethod
+    def find(cls) -> str | None:
+        return find_binary("redis-sentinel")
+
+
+def _sentinel_table(reply: object) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for row in reply if isinstance(reply, list) else []:
+        fields = [item.decode() if isinstance(item, bytes) else str(item) for item in row]
+        rows.append(dict(zip(fields[::2], fields[1::2], strict=True)))
+    return rows
+
+
+class RedisSentinelGroup:
+    """A Redis primary, one replica and three sentinels (quorum 2) on loopback ports.
+
+    :meth:`fail_over` kills the primary (SIGKILL), waits until every sentinel names the
+    replica as the new primary and it answers as one, then restarts the killed server
+    empty on its port as the new primary's replica and waits until the sentinels know
+    it as a healthy replica: ready for the next failover. :attr:`primary` and
+    :attr:`replica` follow the roles. ``url`` is the ``redis+sentinel://`` URL.
+    """
+
+    service = "leasekit"
+    start_timeout_s = 30.0
+
+    def __init__(
+        self,
+        redis_binary: str,
+        sentinel_binary: str,
+        workdir: Path,
+        *,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 3000,
+    ) -> None:
+        workdir = Path(workdir)
+        # A replica's full sync starts at once (Redis 7 waits 5 s for more replicas).
+        self._quick_sync = ["--repl-diskless-sync-delay", "0"]
+        self.primary = RedisServer(redis_binary, workdir / "a", extra_args=self._quick_sync)
+        self.replica = RedisServer(redis_binary, workdir / "b", extra_args=self._quick_sync)
+        self._sentinel_args = (sentinel_binary, workdir, down_after_ms, failover_timeout_ms)
+        self.sentinels: list[RedisSentinelServer] = []
+        self.failovers = 0
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def start(self) -> None:
+        binary, workdir, down_after_ms, failover_timeout_ms = self._sentinel_args
+        try:
+            self.primary.start()
+            self.replica.start()
+            self._follow(self.replica, self.primary)
+            self.sentinels = [
+                RedisSentinelServer(
+                    binary,
+                    workdir / f"sentinel{i}",
+                    service=self.service,
+                    primary_port=self.primary.port,
+                    quorum=2,
+                    down_after_ms=down_after_ms,
+                    failover_timeout_ms=failover_timeout_ms,
+                )
+                for i in range(3)
+            ]
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self._wait(self._settled, "the sentinels did not settle")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _follow(self, replica: RedisServer, primary: RedisServer) -> None:
+        replica.command("REPLICAOF", primary.host, primary.port)
+        self._wait(
+            lambda: replica.info("replication").get("master_link_status") == "up",
+            f"{replica} did not sync with {primary}",
+        )
+
+    def _settled(self, *, peers: bool = True) -> bool:
+        """Every sentinel names the primary and knows the replica, healthy (and its peers).
+
+        ``peers``: each also knows the two others (at the start; after a failover
+        they already have, and how many it lists for a while is its own business).
+        """
+        for sentinel in self.sentinels:
+            if sentinel.primary_port_now() != self.primary.port:
+                return False
+            if peers and len(sentinel.other_sentinels()) < len(self.sentinels) - 1:
+                return False
+            # Listed as the primary's replica and up (no s_down, no disconnected flag):
+            # enough to be chosen, since Sentinel refreshes what it knows of replicas
+            # every second once their primary is down (what it last read of the role
+            # may be ten seconds old). The replica's own link is checked by _follow.
+            healthy = [
+                row
+                for row in sentinel.replicas()
+                if row.get("port") == str(self.replica.port) and row.get("flags") == "slave"
+            ]
+            if not healthy:
+                return False
+        return True
+
+    def _wait(
+        self,
+        condition: Any,
+        failure: str,
+        timeout_s: float | None = None,
+        detail: Any = None,
+    ) -> None:
+        deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            try:
+                if condition():
+                    return
+            except (OSError, RespError):
+                pass
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"{s}: {s.log_tail(8)}" for s in self.sentinels)
+                seen = f"\n{detail()}" if detail is not None else ""
+                raise ServerStartError(f"{failure}{seen}\n{logs}")
+            time.sleep(0.02)
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary (the first half of :meth:`fail_over`)."""
+        self.primary.kill()
+
+    def wait_promoted(self) -> RedisServer:
+        """Wait until every sentinel names the replica and it answers as a primary."""
+        promoted = self.replica
+
+        def promoted_everywhere() -> bool:
+            ports = {sentinel.primary_port_now() for sentinel in self.sentinels}
+            role = promoted.info("replication").get("role")
+            return ports == {promoted.port} and role == "master"
+
+        self._wait(promoted_everywhere, "Sentinel did not promote the replica")
+        return promoted
+
+    def rejoin(self) -> None:
+        """Restart the killed primary, empty, as the new primary's replica; wait until ready.
+
+        It starts as a replica (``--replicaof``): a sentinel that looked at it while it
+        briefly answered as a primary would not look again for ten seconds.
+        """
+        old, self.primary, self.replica = self.primary, self.replica, self.primary
+        old.extra_args = [
+            *self._quick_sync,
+            "--replicaof",
+            self.primary.host,
+            str(self.primary.port),
+        ]
+        old.restart()
+        self._follow(old, self.primary)
+        self._wait(
+            lambda: self._settled(peers=False),
+            "the sentinels did not take the old primary back",
+            detail=lambda: [
+                (sentinel.primary_port_now(), self.primary.port, sentinel.replicas())
+                for sentinel in self.sentinels
+            ],
+        )
+        self.failovers += 1
+
+    def fail_over(self) -> RedisServer:
+        """Kill the primary, wait for its replica's promotion, rejoin it; the new primary."""
+        self.kill_primary()
+        self.wait_promoted()
+        self.rejoin()
+        return self.primary
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        self.primary.stop()
+        self.replica.stop()
+
+    def __enter__(self) -> RedisSentinelGroup:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------

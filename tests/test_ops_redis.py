@@ -200,7 +200,7 @@ def test_a_transport_error_propagates_through_the_operation() -> None:
 
 
 def test_both_providers_constructor_checks_are_one_function() -> None:
-    assert _options.check("p:", 1, 5) == ("p:", 1.0, 5)
+    assert _options.check("p:", 1, 5)[:3] == ("p:", 1.0, 5)
     with pytest.raises(leasekit.InvalidLeaseArgument, match="prefix"):
         _options.check("a{b", 1, 5)
     with pytest.raises(leasekit.InvalidLeaseArgument, match="timeout_s"):
@@ -209,3 +209,33 @@ def test_both_providers_constructor_checks_are_one_function() -> None:
         _options.check("p:", 1, 0)
     with pytest.raises(leasekit.InvalidLeaseArgument, match=r"client.*builtins\.str"):
         _options.check_client("not a client", (int,), "an int")
+
+
+ACKED = _ops.context("p:", 1000, b"PUBLISH", 1, 200)
+
+
+def test_with_min_replicas_writes_carry_a_wait_and_a_shortfall_is_an_unknown_outcome() -> None:
+    result, sent = run(_ops.acquire(ACKED, "k", "me", 500), [(7, 1)])
+    assert result.token == 7
+    assert isinstance(sent[0], _ops.Acknowledged)
+    assert sent[0].wait == ("WAIT", 1, 200)
+    with pytest.raises(leasekit.LeaseBackendTimeout, match="acknowledged by 0 replica"):
+        run(_ops.acquire(ACKED, "k", "me", 500), [(7, 0)])
+    # Denied, refused: nothing was written, so the count does not matter.
+    denied, _ = run(_ops.acquire(ACKED, "k", "me", 500), [(b"other", 0)])
+    assert (denied.acquired, denied.owner) == (False, "other")
+    assert run(_ops.renew(ACKED, "k", "me", 500), [(0, 0)])[0] is False
+    with pytest.raises(leasekit.LeaseBackendTimeout, match="min_replicas=1"):
+        run(_ops.renew(ACKED, "k", "me", 500), [(1, 0)])
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        run(_ops.transfer(ACKED, "k", "me", "you", 500), [(1, 0)])
+    items = [("a", "me", 500), ("b", "me", 500)]
+    assert run(_ops.renew_many(ACKED, items), [(b"00", 0)])[0] == [False, False]
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        run(_ops.renew_many(ACKED, items), [(b"01", 0)])
+    # A WAIT that failed (an error reply in its place) is a shortfall too.
+    with pytest.raises(leasekit.LeaseBackendTimeout, match="an error"):
+        run(_ops.acquire(ACKED, "k", "me", 500), [(7, ValueError("WAIT refused"))])
+    # Releases are sent alone, without WAIT.
+    _, sent = run(_ops.release(ACKED, "k", "me"), [1])
+    assert isinstance(sent[0], _ops.ScriptCall)

@@ -37,6 +37,7 @@ from typing import Any, TypeAlias, TypeVar
 import redis.asyncio
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,7 +45,7 @@ from leasekit import InvalidLeaseArgument
 from leasekit.backend import Deadlines
 
 from . import _keys, _options
-from ._ops import Command, Pipelined, Request, ScriptCall
+from ._ops import Acknowledged, Command, Pipelined, Request, ScriptCall
 
 __all__ = ["AutoPipeline", "RedisClient", "build_client", "server_of"]
 
@@ -67,6 +68,8 @@ def build_client(settings: _options.RedisSettings) -> RedisClient:
             return redis.asyncio.RedisCluster.from_url(
                 settings.driver_url, max_connections=settings.max_connections, **connection
             )
+        if settings.sentinel is not None:
+            return _sentinel_client(settings, connection)
         # Blocking, never MaxConnectionsError, should anything take a connection outside
         # the provider's turns (its wait is bounded by timeout_s).
         pool = BlockingConnectionPool.from_url(
@@ -80,15 +83,106 @@ def build_client(settings: _options.RedisSettings) -> RedisClient:
         raise InvalidLeaseArgument.for_argument("url", f"{exc} ({settings.redacted!r})") from None
 
 
+def _sentinel_client(settings: _options.RedisSettings, connection: dict[str, Any]) -> RedisClient:
+    """A client of the primary that the sentinels name, found again on every new connection.
+
+    A connection that fails, or finds its server demoted (a ``READONLY`` reply), is
+    dropped; the next one asks the sentinels again, so after a failover operations
+    reach the new primary with no restart. The pool holds ``max_connections`` for the
+    provider's turns, one for the release subscriber and one spare.
+    """
+    assert settings.sentinel is not None
+    own, servers = _options.sentinel_settings(settings, Retry)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(settings.sentinel.addresses), sentinel_kwargs=own, **{**servers, **connection}
+    )
+    return sentinel.master_for(  # type: ignore[no-any-return]
+        settings.sentinel.service,
+        connection_pool_class=_SentinelPool,
+        max_connections=settings.max_connections + 2,
+    )
+
+
+class _SentinelPool(SentinelConnectionPool):
+    """redis-py's pool of the primary's connections, asking the sentinels once at a time.
+
+    Connections opened together (after a failover, every task reconnects at once)
+    share one question to the sentinels. It runs in a task of its own, shielded: an
+    operation cancelled at its deadline stops waiting for the answer, while the
+    question itself runs to its end (each sentinel within ``sentinel_timeout_s``), so
+    redis-py's sentinel clients never have a connection cut halfway, which would leave
+    it unclosed.
+    """
+
+    _discovery: asyncio.Task[Any] | None = None
+
+    async def get_master_address(self) -> Any:
+        task = self._discovery
+        if task is None or task.done():
+            discover = super().get_master_address()  # type: ignore[no-untyped-call]
+            task = asyncio.get_running_loop().create_task(discover)
+            task.add_done_callback(_retrieve)
+            self._discovery = task
+        return await asyncio.shield(task)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait for a question to the sentinels still running (before closing them)."""
+        task = self._discovery
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout_s)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Its callers may all have gone: the outcome is nobody's, and not worth a warning.
+    if not task.cancelled():
+        task.exception()
+
+
+async def close_sentinels(client: RedisClient, timeout_s: float) -> None:
+    """Close the sentinel clients behind a client :func:`build_client` made (if any)."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        if isinstance(pool, _SentinelPool):
+            await pool.settle(timeout_s)
+        await pool.sentinel_manager.aclose()
+
+
 def server_of(client: RedisClient) -> str:
     """``host:port`` of the client's server (a cluster's first startup node), for messages."""
     if isinstance(client, redis.asyncio.RedisCluster):
         return next(iter(client.nodes_manager.startup_nodes), "")
-    return _options.describe_server(client.connection_pool.connection_kwargs)
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        addresses = ",".join(
+            _options.describe_server(each.connection_pool.connection_kwargs)
+            for each in pool.sentinel_manager.sentinels
+        )
+        return f"{pool.service_name} via sentinels {addresses}"
+    return _options.describe_server(pool.connection_kwargs)
 
 
-def _command(request: ScriptCall | Command) -> Command:
+_Single: TypeAlias = ScriptCall | Acknowledged | Command
+"""A request an operation sends through :meth:`AutoPipeline.exchange`."""
+
+
+def _command(request: _Single) -> Command:
+    if isinstance(request, Acknowledged):
+        return request.call.evalsha()
     return request.evalsha() if isinstance(request, ScriptCall) else request
+
+
+def _script(request: _Single) -> ScriptCall | None:
+    if isinstance(request, Acknowledged):
+        return request.call
+    return request if isinstance(request, ScriptCall) else None
+
+
+def _wait_of(requests: Sequence[_Single]) -> Command | None:
+    """The ``WAIT`` that ends a batch holding acknowledged requests, else ``None``."""
+    for request in requests:
+        if isinstance(request, Acknowledged):
+            return request.wait
+    return None
 
 
 class _Batch:
@@ -97,7 +191,7 @@ class _Batch:
     __slots__ = ("futures", "requests")
 
     def __init__(self) -> None:
-        self.requests: list[ScriptCall | Command] = []
+        self.requests: list[_Single] = []
         self.futures: list[asyncio.Future[Any]] = []
 
 
@@ -188,7 +282,7 @@ class AutoPipeline:
 
     # -- one request alone: the caller's own task does the I/O --------------------------
 
-    async def _alone(self, request: ScriptCall | Command) -> Any:
+    async def _alone(self, request: _Single) -> Any:
         slots = self.slots
         self._busy += 1
         try:
@@ -259,28 +353,59 @@ class AutoPipeline:
             else:
                 future.set_result(reply)
 
-    async def _send(self, requests: list[ScriptCall | Command]) -> list[Any]:
-        """The replies to ``requests`` in order; an error reply stands in its own place."""
+    async def _send(self, requests: list[_Single]) -> list[Any]:
+        """The replies to ``requests`` in order; an error reply stands in its own place.
+
+        With :class:`Acknowledged` requests in the batch, one ``WAIT`` ends the pipeline:
+        it counts the replicas that have every write before it on that connection, so
+        its answer is each acknowledged request's (one wait, not one per request).
+        """
         if len(requests) == 1:
             return [await self._execute(requests[0])]
-        replies = await self._pipelined([_command(request) for request in requests])
+        replies, acks = await self._pipelined(
+            [_command(request) for request in requests], _wait_of(requests)
+        )
         retry = [
-            (i, request)
-            for i, (reply, request) in enumerate(zip(replies, requests, strict=True))
-            if isinstance(request, ScriptCall) and isinstance(reply, NoScriptError)
+            (i, script)
+            for i, (reply, script) in enumerate(zip(replies, map(_script, requests), strict=True))
+            if script is not None and isinstance(reply, NoScriptError)
         ]
+        retried_acks: dict[int, Any] = {}
         if retry:
             # The script cache was flushed: EVAL those (which caches them again), in one
-            # more pipeline.
-            again = await self._pipelined([request.eval() for _, request in retry])
+            # more pipeline (on its own connection, so with its own WAIT).
+            again, again_acks = await self._pipelined(
+                [script.eval() for _, script in retry], _wait_of([requests[i] for i, _ in retry])
+            )
             for (i, _), reply in zip(retry, again, strict=True):
                 replies[i] = reply
+                retried_acks[i] = again_acks
+        for i, request in enumerate(requests):
+            if isinstance(request, Acknowledged) and not isinstance(replies[i], BaseException):
+                replies[i] = (replies[i], retried_acks.get(i, acks))
         return replies
 
-    def _pipelined(self, commands: list[Command]) -> Awaitable[list[Any]]:
-        """A batch's commands in one pipeline, counted in :attr:`batches`."""
+    async def _pipelined(
+        self, commands: list[Command], wait: Command | None
+    ) -> tuple[list[Any], Any]:
+        """A batch's commands in one pipeline, counted in :attr:`batches`, then ``wait``'s reply."""
         self.batches += 1
-        return self._pipeline_of(commands)
+        if wait is None:
+            return await self._pipeline_of(commands), None
+        replies = await self._pipeline_of([*commands, wait])
+        return replies[:-1], replies[-1]
+
+    async def _acknowledged(self, request: Acknowledged) -> tuple[Any, Any]:
+        """The script and its ``WAIT`` in one pipeline: ``(script's reply, acknowledgements)``.
+
+        The script's error reply is raised, as when it is sent alone.
+        """
+        reply, acks = await self._pipeline_of((request.call.evalsha(), request.wait))
+        if isinstance(reply, NoScriptError):
+            reply, acks = await self._pipeline_of((request.call.eval(), request.wait))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply, acks
 
     async def _pipeline_of(self, commands: Sequence[Command]) -> list[Any]:
         """``commands`` in one non-transactional pipeline: replies, error replies in place."""
@@ -290,13 +415,16 @@ class AutoPipeline:
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
 
-    async def _execute(self, request: ScriptCall | Command) -> Any:
+    async def _execute(self, request: _Single) -> Any:
         """One request on its own: a script by EVALSHA, or by EVAL when the server lacks it.
 
         The server's script cache was flushed, or this is the script's first call there:
-        EVAL runs it and caches it again, so EVALSHA works next time.
+        EVAL runs it and caches it again, so EVALSHA works next time. An acknowledged
+        request goes with its ``WAIT`` (:meth:`_acknowledged`).
         """
         client = self._client
+        if isinstance(request, Acknowledged):
+            return await self._acknowledged(request)
         if not isinstance(request, ScriptCall):
             return await client.execute_command(*request)
         try:

@@ -13,17 +13,19 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import redis
 from redis.connection import ConnectionPool
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from leasekit import InvalidLeaseArgument, LeaseBackendTimeout
 
 from . import _keys, _options
-from ._ops import Command, ScriptCall
+from ._ops import Acknowledged, Command, ScriptCall
 
 __all__ = ["BlockingTransport", "RedisSyncClient", "build_client", "server_of"]
 
@@ -41,6 +43,18 @@ def build_client(settings: _options.RedisSettings) -> RedisSyncClient:
             return redis.RedisCluster.from_url(
                 settings.driver_url, max_connections=settings.max_connections, **connection
             )
+        if settings.sentinel is not None:
+            # As the async client (_aio._sentinel_client): every new connection asks the
+            # sentinels where the primary is; a failed or demoted one is dropped.
+            own, servers = _options.sentinel_settings(settings, Retry)
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                list(settings.sentinel.addresses), sentinel_kwargs=own, **{**servers, **connection}
+            )
+            return sentinel.master_for(  # type: ignore[no-any-return,no-untyped-call]
+                settings.sentinel.service,
+                connection_pool_class=SentinelConnectionPool,
+                max_connections=settings.max_connections,
+            )
         # The transport takes at most max_connections from it (_Connections), so the
         # pool never runs out; its own wait would raise ConnectionError.
         pool = ConnectionPool.from_url(
@@ -56,7 +70,22 @@ def server_of(client: RedisSyncClient) -> str:
     if isinstance(client, redis.RedisCluster):
         node = client.get_default_node()  # type: ignore[no-untyped-call]
         return f"{node.host}:{node.port}" if node is not None else ""
-    return _options.describe_server(client.connection_pool.connection_kwargs)
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        addresses = ",".join(
+            _options.describe_server(each.connection_pool.connection_kwargs)
+            for each in pool.sentinel_manager.sentinels
+        )
+        return f"{pool.service_name} via sentinels {addresses}"
+    return _options.describe_server(pool.connection_kwargs)
+
+
+def close_sentinels(client: RedisSyncClient) -> None:
+    """Close the sentinel clients behind a client :func:`build_client` made (if any)."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        for sentinel in pool.sentinel_manager.sentinels:
+            sentinel.close()
 
 
 class BlockingTransport:
@@ -78,8 +107,10 @@ class BlockingTransport:
             limit = getattr(pool, "max_connections", None) or _UNBOUNDED
             self._connections = _Connections(pool, limit, timeout_s)
 
-    def exchange(self, request: ScriptCall | Command) -> Any:
+    def exchange(self, request: ScriptCall | Acknowledged | Command) -> Any:
         """Send ``request`` (a script call or a plain command); raises the driver's errors."""
+        if isinstance(request, Acknowledged):
+            return self._acknowledged(request)
         if not isinstance(request, ScriptCall):
             return self.execute(request)
         try:
@@ -88,11 +119,32 @@ class BlockingTransport:
             # A flushed script cache, or this server's first call: EVAL caches it again.
             return self.execute(request.eval())
 
+    def _acknowledged(self, request: Acknowledged) -> tuple[Any, Any]:
+        """The script and its ``WAIT``, pipelined on one connection: ``(reply, acks)``."""
+        reply, acks = self.execute_pipelined((request.call.evalsha(), request.wait))
+        if isinstance(reply, NoScriptError):
+            reply, acks = self.execute_pipelined((request.call.eval(), request.wait))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply, acks
+
+    def execute_pipelined(self, commands: tuple[Command, ...]) -> list[Any]:
+        """Send ``commands`` in one write on one connection; error replies stand in place.
+
+        Only on a single server (``min_replicas``, its one user, is refused on a cluster).
+        """
+        return self._on_connection(_pipelined_trip, commands)  # type: ignore[no-any-return]
+
     def execute(self, command: Command) -> Any:
         """Send one command and return its reply; raises the driver's errors."""
-        connections = self._connections
-        if connections is None:
+        if self._connections is None:
             return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        return self._on_connection(_round_trip, command)
+
+    def _on_connection(self, trip: Callable[[Any, Any], Any], what: Any) -> Any:
+        """``trip(connection, what)`` on a free connection of the single server."""
+        connections = self._connections
+        assert connections is not None
         connection = connections.take()
         if connection is None:
             raise LeaseBackendTimeout(
@@ -103,7 +155,7 @@ class BlockingTransport:
             # The connection's own retry: one immediate retry on a dropped connection
             # (from_url's clients), none on a timeout.
             return connection.retry.call_with_retry(
-                lambda: _round_trip(connection, command),
+                lambda: trip(connection, what),
                 lambda _error: connection.disconnect(),
             )
         except NoScriptError:
@@ -201,6 +253,31 @@ class _Connections:
             self._borrowed = 0
 
 
+def _connected(connection: Any) -> None:
+    # Through connect(), as redis-py's pool does when it hands a connection out: a
+    # Sentinel-managed connection asks the sentinels where the primary is there, while
+    # a command on a closed connection would reconnect to its last address (redis-py 8),
+    # a demoted primary after a failover.
+    if getattr(connection, "_sock", None) is None:
+        connection.connect()
+
+
 def _round_trip(connection: Any, command: Command) -> Any:
+    _connected(connection)
     connection.send_command(*command)
     return connection.read_response()
+
+
+def _pipelined_trip(connection: Any, commands: tuple[Command, ...]) -> list[Any]:
+    # One write; every reply read, an error reply in its command's place, so the
+    # connection is left with nothing unread.
+    _connected(connection)
+    connection.send_packed_command(connection.pack_commands(commands))
+    return [_read_reply(connection) for _ in commands]
+
+
+def _read_reply(connection: Any) -> Any:
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc

@@ -1,7 +1,10 @@
 """What the async and the blocking Redis providers share: options, URL parsing, errors.
 
-One source for both: :func:`parse` reads a ``redis://`` / ``rediss://`` URL and
-options into :class:`RedisSettings` (everything validated, nothing connected);
+One module, over 500 lines: every URL form and option, checked once for both providers.
+
+One source for both: :func:`parse` reads a ``redis://`` / ``rediss://`` /
+``redis+sentinel://`` URL and options into :class:`RedisSettings` (everything
+validated, nothing connected);
 :func:`check` and :func:`check_client` are both constructors' checks;
 :data:`CAPABILITIES` is what the backend promises; and :data:`ERRORS` maps
 redis-py's exceptions, which its asyncio and blocking clients share, to leasekit's.
@@ -47,16 +50,21 @@ __all__ = [
     "COUNTER_TTL",
     "ERRORS",
     "INSPECT_LIMIT",
+    "MIN_REPLICAS",
     "PREFIX",
+    "REPLICA_TIMEOUT",
+    "SENTINEL_SCHEME",
     "TIMEOUT",
     "Checked",
     "RedisSettings",
+    "SentinelSettings",
     "check",
     "check_client",
     "connection_settings",
     "describe_server",
     "garbled",
     "parse",
+    "sentinel_settings",
 ]
 
 BACKEND = "redis"
@@ -74,8 +82,11 @@ CAPABILITIES = Capabilities(
 """Both providers'; the async one turns notifications off on a cluster client without
 pub/sub (redis-py before 8)."""
 
-_SCHEMES = ("redis", "rediss")
+SENTINEL_SCHEME = "redis+sentinel"
+_SCHEMES = ("redis", "rediss", SENTINEL_SCHEME)
 DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+_SERVICE = re.compile(r"/([^/?#]+)(?:/([0-9]+)?)?/?")
 _MAX_COUNTER_TTL_MS = 2**40  # about 35 years: far beyond any use, far below PX's limit
 _MAX_PREFIX_BYTES = 256
 _DATABASE = re.compile(r"/([0-9]+)?")
@@ -127,13 +138,30 @@ _DRIVER_QUERY = (frozenset(URL_QUERY_ARGUMENT_PARSERS) - {"max_connections", "ti
 # Operations started in one event-loop iteration share one pipeline (see _aio).
 AUTOPIPELINE = Option("autopipeline", bool, True)
 INSPECT_LIMIT = Option("limit", int, 1000, minimum=1)  # inspect's
-_OPTIONS = (PREFIX, TIMEOUT, COUNTER_TTL, _CLUSTER, _MAX_CONNECTIONS, AUTOPIPELINE)
+# Replica acknowledgement: WAIT min_replicas replica_timeout_ms after every grant,
+# renewal and transfer (0: none). WAIT 0 would block forever, hence the minimum of 1 ms.
+MIN_REPLICAS = Option("min_replicas", int, 0, minimum=0, maximum=1000)
+REPLICA_TIMEOUT = Option("replica_timeout_ms", int, 500, minimum=1, maximum=3_600_000)
+# Sentinel's own settings (redis+sentinel:// only): its credentials, and how long one
+# sentinel may take to answer before the next is asked (None: min(1 s, timeout_s)).
+_SENTINEL_USERNAME = Option("sentinel_username", str, None, nullable=True)
+_SENTINEL_PASSWORD = Option("sentinel_password", str, None, nullable=True)
+_SENTINEL_TIMEOUT = Option("sentinel_timeout_s", float, None, above=0, maximum=3600, nullable=True)
+_COMMON = (PREFIX, TIMEOUT, COUNTER_TTL, _MAX_CONNECTIONS, AUTOPIPELINE, MIN_REPLICAS)
+_OPTIONS = (*_COMMON, REPLICA_TIMEOUT, _CLUSTER)
+_SENTINEL_OPTIONS = (
+    *_COMMON,
+    REPLICA_TIMEOUT,
+    _SENTINEL_USERNAME,
+    _SENTINEL_PASSWORD,
+    _SENTINEL_TIMEOUT,
+)
+_PLAIN_DRIVER = frozenset(n for n in _DRIVER_QUERY if not n.startswith("ssl_"))
 # TLS settings only make sense, and only pass through, with rediss://.
 _OPTION_SETS = {
-    "redis": OptionSet(
-        "redis", _OPTIONS, driver=frozenset(n for n in _DRIVER_QUERY if not n.startswith("ssl_"))
-    ),
+    "redis": OptionSet("redis", _OPTIONS, driver=_PLAIN_DRIVER),
     "rediss": OptionSet("redis", _OPTIONS, driver=_DRIVER_QUERY),
+    SENTINEL_SCHEME: OptionSet("redis", _SENTINEL_OPTIONS, driver=_PLAIN_DRIVER),
 }
 
 
@@ -188,6 +216,29 @@ class RedisSettings:
     """The URL as messages show it: no password."""
     autopipeline: bool = True
     """Whether the async provider writes operations started together as one pipeline."""
+    min_replicas: int = 0
+    """Replicas that must acknowledge each grant, renewal and transfer (0: none)."""
+    replica_timeout_ms: int = REPLICA_TIMEOUT.default
+    """How long ``WAIT`` waits for them."""
+    sentinel: SentinelSettings | None = None
+    """For ``redis+sentinel://``: where the sentinels are and which service to follow."""
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelSettings:
+    """The sentinels of a ``redis+sentinel://`` URL, the service they watch, their login."""
+
+    addresses: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    timeout_s: float
+
+    def describe(self) -> str:
+        """``service mymaster via h1:26379,h2:26379``, for messages."""
+        where = ",".join(f"{host}:{port}" for host, port in self.addresses)
+        return f"service {self.service} via sentinels {where}"
 
 
 class Checked(NamedTuple):
@@ -196,13 +247,50 @@ class Checked(NamedTuple):
     prefix: str
     timeout_s: float
     counter_ttl_ms: int | None
+    min_replicas: int = 0
+    replica_timeout_ms: int = REPLICA_TIMEOUT.default
 
 
-def check(prefix: str, timeout_s: float, counter_ttl_ms: int | None) -> Checked:
+def check(
+    prefix: str,
+    timeout_s: float,
+    counter_ttl_ms: int | None,
+    min_replicas: int = 0,
+    replica_timeout_ms: int = REPLICA_TIMEOUT.default,
+    *,
+    cluster: bool = False,
+) -> Checked:
     """Both providers' constructor checks; raises :class:`~leasekit.InvalidLeaseArgument`."""
-    return Checked(
-        PREFIX.validate(prefix), TIMEOUT.validate(timeout_s), COUNTER_TTL.validate(counter_ttl_ms)
+    checked = Checked(
+        PREFIX.validate(prefix),
+        TIMEOUT.validate(timeout_s),
+        COUNTER_TTL.validate(counter_ttl_ms),
+        MIN_REPLICAS.validate(min_replicas),
+        REPLICA_TIMEOUT.validate(replica_timeout_ms),
     )
+    _check_acknowledgement(checked, cluster=cluster)
+    return checked
+
+
+def _check_acknowledgement(checked: Checked, *, cluster: bool) -> None:
+    """``min_replicas`` with what it needs: one server's connection, time left for WAIT."""
+    if not checked.min_replicas:
+        return
+    if cluster:
+        raise InvalidLeaseArgument.for_argument(
+            "min_replicas",
+            "is not supported on Redis Cluster (WAIT must follow the script on the same "
+            "node's connection, and a cluster pipeline routes a keyless WAIT elsewhere)",
+            checked.min_replicas,
+        )
+    if checked.replica_timeout_ms >= checked.timeout_s * 1000:
+        raise InvalidLeaseArgument.for_argument(
+            "replica_timeout_ms",
+            f"must be below timeout_s ({checked.timeout_s:g} s), so that a missing "
+            f"acknowledgement is reported as such rather than as a timeout, got "
+            f"{checked.replica_timeout_ms}",
+            checked.replica_timeout_ms,
+        )
 
 
 def check_client(client: object, accepted: tuple[type, ...], what: str) -> None:
@@ -232,6 +320,8 @@ def parse(url: str, options: dict[str, Any]) -> RedisSettings:
     parsed = parse_url(url, schemes=_SCHEMES, default_port=DEFAULT_PORT)
     settled = _OPTION_SETS[parsed.scheme].parse(parsed.query, options, url=url)
     values = settled.values
+    if parsed.scheme == SENTINEL_SCHEME:
+        return _parse_sentinel(url, settled.values, settled.driver)
     if len(parsed.endpoints) > 1:
         raise InvalidLeaseArgument.for_argument(
             "url",
@@ -257,15 +347,99 @@ def parse(url: str, options: dict[str, Any]) -> RedisSettings:
         redis_parse_url(driver_url)
     except ValueError as exc:
         raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+    checked = _checked(values, cluster=cluster)
     return RedisSettings(
         driver_url,
-        values["prefix"],
-        values["timeout_s"],
-        values["counter_ttl_ms"],
+        checked.prefix,
+        checked.timeout_s,
+        checked.counter_ttl_ms,
         cluster,
         values["max_connections"],
         parsed.redacted,
         values["autopipeline"],
+        checked.min_replicas,
+        checked.replica_timeout_ms,
+    )
+
+
+def _checked(values: dict[str, Any], *, cluster: bool) -> Checked:
+    checked = Checked(
+        values["prefix"],
+        values["timeout_s"],
+        values["counter_ttl_ms"],
+        values["min_replicas"],
+        values["replica_timeout_ms"],
+    )
+    _check_acknowledgement(checked, cluster=cluster)
+    return checked
+
+
+def _parse_sentinel(
+    url: str, values: dict[str, Any], driver: tuple[tuple[str, str], ...]
+) -> RedisSettings:
+    """``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db]``.
+
+    The hosts are the sentinels (port 26379 by default); the login is the data
+    servers', and the sentinels' own comes from ``sentinel_username`` /
+    ``sentinel_password``.
+    """
+    parsed = parse_url(url, schemes=(SENTINEL_SCHEME,), default_port=DEFAULT_SENTINEL_PORT)
+    if not parsed.endpoints:
+        raise InvalidLeaseArgument.for_argument(
+            "url", f"names no sentinel (host:port before the service) in {parsed.redacted!r}"
+        )
+    shape = _SERVICE.fullmatch(parsed.path) if parsed.path else None
+    if shape is None:
+        raise InvalidLeaseArgument.for_argument(
+            "url",
+            f"must name the service Sentinel watches after the sentinels, then optionally "
+            f"the database, as in /mymaster/0, got {parsed.path or '(nothing)'!r} in "
+            f"{parsed.redacted!r}",
+        )
+    service, db_text = shape.group(1), shape.group(2)
+    db = int(db_text) if db_text else 0
+    # The data servers' connection settings, read by redis-py from a URL of our making
+    # (its host is a stand-in: the sentinels say which server is the primary).
+    userinfo = parsed.without_query()[len(SENTINEL_SCHEME) + 3 :].partition("/")[0]
+    login = userinfo.rpartition("@")[0]
+    query = urlencode(driver)
+    driver_url = f"redis://{login + '@' if login else ''}primary/{db}" + (
+        f"?{query}" if query else ""
+    )
+    try:
+        redis_parse_url(driver_url)
+    except ValueError as exc:
+        raise InvalidLeaseArgument.for_argument("url", f"{exc} ({parsed.redacted!r})") from None
+    checked = _checked(values, cluster=False)
+    sentinel_timeout = values["sentinel_timeout_s"]
+    if sentinel_timeout is None:
+        sentinel_timeout = min(1.0, checked.timeout_s)
+    elif sentinel_timeout > checked.timeout_s:
+        raise InvalidLeaseArgument.for_argument(
+            "sentinel_timeout_s",
+            f"must be at most timeout_s ({checked.timeout_s:g} s), got {sentinel_timeout:g}",
+            sentinel_timeout,
+        )
+    sentinel = SentinelSettings(
+        tuple((e.host, e.port or DEFAULT_SENTINEL_PORT) for e in parsed.endpoints),
+        service,
+        db,
+        values["sentinel_username"],
+        values["sentinel_password"],
+        sentinel_timeout,
+    )
+    return RedisSettings(
+        driver_url,
+        checked.prefix,
+        checked.timeout_s,
+        checked.counter_ttl_ms,
+        False,
+        values["max_connections"],
+        parsed.redacted,
+        values["autopipeline"],
+        checked.min_replicas,
+        checked.replica_timeout_ms,
+        sentinel,
     )
 
 
@@ -284,6 +458,32 @@ def connection_settings(timeout_s: float, retry: Any) -> dict[str, Any]:
         "retry": retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         "retry_on_error": [RedisConnectionError],
     }
+
+
+def sentinel_settings(settings: RedisSettings, retry: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keywords of redis-py's ``Sentinel``: the sentinels' own, then the data servers'.
+
+    A sentinel that does not answer within ``sentinel_timeout_s`` is skipped for the
+    next, with no retry of its own. The data servers' keywords are the URL's login,
+    database and passed-through query (the stand-in host dropped).
+    """
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+
+    sentinel = settings.sentinel
+    assert sentinel is not None
+    own: dict[str, Any] = {
+        "socket_timeout": sentinel.timeout_s,
+        "socket_connect_timeout": sentinel.timeout_s,
+        "retry": retry(NoBackoff(), 0),
+    }
+    if sentinel.username is not None:
+        own["username"] = sentinel.username
+    if sentinel.password is not None:
+        own["password"] = sentinel.password
+    servers: dict[str, Any] = dict(redis_parse_url(settings.driver_url))
+    servers.pop("host", None)
+    servers.pop("port", None)
+    return own, servers
 
 
 def garbled(exc: ValueError, *, prefix: str, key: str | None) -> LeaseBackendError:

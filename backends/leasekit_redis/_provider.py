@@ -1,5 +1,7 @@
 """The Redis providers, async and blocking: lifecycle only, one Lua script per operation.
 
+One module, over 500 lines: both providers' lifecycles and their extras side by side.
+
 Each operation (``_ops``) is one script that reads, checks ownership and writes with no
 other command in between, or a single ``GET``; validation, requests and replies are
 written there once. :class:`RedisLeaseProvider` drives them with
@@ -7,7 +9,8 @@ written there once. :class:`RedisLeaseProvider` drives them with
 :class:`RedisSyncLeaseProvider` with :func:`~leasekit.backend.drive` over
 ``_blocking``, each inside its toolkit base's ``_call`` (deadlines, error mapping,
 closing, fork). Expiry is Redis's own ``PX`` TTL on the server clock. Works on a single
-server, behind Sentinel-managed clients, and on Redis Cluster (``_keys``).
+server, behind Sentinel (``redis+sentinel://``, or a caller's Sentinel-managed client),
+and on Redis Cluster (``_keys``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
       script still atomic, each caller with its own reply, error and deadline); an
       operation started while nothing else is in flight goes out at once. False
       sends every operation on its own.
+    - ``min_replicas`` (default 0: none) and ``replica_timeout_ms`` (default 500): a
+      grant, renewal or transfer counts as done only once that many replicas
+      acknowledge it (``WAIT``, pipelined behind the script: still one round trip);
+      when fewer do within ``replica_timeout_ms``, the call raises
+      :class:`~leasekit.LeaseBackendTimeout`, its outcome unknown. Not on a cluster.
 
     No persistence is assumed (``persistent=False``): what survives a Redis restart
     depends on the server's RDB/AOF configuration, and a failover may lose the last
@@ -91,6 +99,8 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         timeout_s: float = _options.TIMEOUT.default,
         counter_ttl_ms: int | None = _options.COUNTER_TTL.default,
         autopipeline: bool = _options.AUTOPIPELINE.default,
+        min_replicas: int = _options.MIN_REPLICAS.default,
+        replica_timeout_ms: int = _options.REPLICA_TIMEOUT.default,
         close_client: bool = False,
     ) -> None:
         _options.check_client(
@@ -98,8 +108,15 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
             (redis.asyncio.Redis, redis.asyncio.RedisCluster),
             "a redis.asyncio.Redis or redis.asyncio.RedisCluster (the asyncio client)",
         )
-        checked = _options.check(prefix, timeout_s, counter_ttl_ms)
+        cluster = isinstance(client, redis.asyncio.RedisCluster)
+        checked = _options.check(
+            prefix, timeout_s, counter_ttl_ms, min_replicas, replica_timeout_ms, cluster=cluster
+        )
         self.prefix, self.counter_ttl_ms = checked.prefix, checked.counter_ttl_ms
+        self.min_replicas, self.replica_timeout_ms = (
+            checked.min_replicas,
+            checked.replica_timeout_ms,
+        )
         super().__init__(timeout_s=checked.timeout_s, owns_client=bool(close_client))
         self._client: RedisClient = client
         self._server = _aio.server_of(client)
@@ -112,12 +129,13 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         self._exchange = self._pipeline.exchange
         # Release notifications: the scripts publish on the lease's channel, sharded on a
         # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
-        cluster = isinstance(client, redis.asyncio.RedisCluster)
         if cluster and not callable(getattr(client, "pubsub", None)):
             self.capabilities = replace(self.capabilities, release_notifications=False)
         notify = self.capabilities.release_notifications
         publish = b"" if not notify else (b"SPUBLISH" if cluster else b"PUBLISH")
-        self._ctx = _ops.context(self.prefix, self.counter_ttl_ms, publish)
+        self._ctx = _ops.context(
+            self.prefix, self.counter_ttl_ms, publish, self.min_replicas, self.replica_timeout_ms
+        )
         self._listener = self._release_listener = RedisReleaseListener(
             client, sharded=cluster, timeout_s=self.timeout_s
         )
@@ -139,9 +157,18 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         ``redis://[user:password@]host[:port][/db]``: ``db`` is a number (default 0).
         The query may carry redis-py connection settings (``ssl_cert_reqs``,
         ``client_name``, ...), passed through, and leasekit's options (``prefix``,
-        ``timeout_s``, ``counter_ttl_ms``, ``max_connections``, and ``cluster=true``
-        for a ``RedisCluster`` client), which keyword arguments override. Anything else
-        is an :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
+        ``timeout_s``, ``counter_ttl_ms``, ``max_connections``, ``min_replicas``,
+        ``replica_timeout_ms``, and ``cluster=true`` for a ``RedisCluster`` client),
+        which keyword arguments override. Anything else is an
+        :class:`~leasekit.InvalidLeaseArgument`. No I/O happens here.
+
+        ``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db]``
+        names the sentinels (port 26379 by default) and the service they watch: each
+        new connection asks them which server is the primary, so after a failover the
+        provider writes to the new one with no restart. It takes the same options
+        (not ``cluster``) and ``sentinel_username``, ``sentinel_password`` and
+        ``sentinel_timeout_s`` (how long one sentinel may take before the next is
+        asked; default the smaller of 1 s and ``timeout_s``).
 
         The client's pool opens at most ``max_connections`` connections (default 50;
         per node on a cluster); an operation that finds them all busy waits for one,
@@ -154,6 +181,8 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
             timeout_s=settings.timeout_s,
             counter_ttl_ms=settings.counter_ttl_ms,
             autopipeline=settings.autopipeline,
+            min_replicas=settings.min_replicas,
+            replica_timeout_ms=settings.replica_timeout_ms,
             close_client=True,
         )
         provider._pipeline.slots = asyncio.Semaphore(settings.max_connections)
@@ -173,7 +202,10 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         await self._pipeline.send(self._client.execute_command, "PING")
 
     async def _close_client(self) -> None:
-        await self._client.aclose()
+        try:
+            await self._client.aclose()
+        finally:
+            await _aio.close_sentinels(self._client, self.timeout_s)
 
     def _describe(self) -> str:
         return f"prefix={self.prefix!r}" + (f", server={self._server}" if self._server else "")
@@ -345,6 +377,8 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         prefix: str = _options.PREFIX.default,
         timeout_s: float = _options.TIMEOUT.default,
         counter_ttl_ms: int | None = _options.COUNTER_TTL.default,
+        min_replicas: int = _options.MIN_REPLICAS.default,
+        replica_timeout_ms: int = _options.REPLICA_TIMEOUT.default,
         close_client: bool = False,
     ) -> None:
         _options.check_client(
@@ -352,15 +386,28 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
             (redis.Redis, redis.RedisCluster),
             "a redis.Redis or redis.RedisCluster (the blocking client)",
         )
-        checked = _options.check(prefix, timeout_s, counter_ttl_ms)
+        checked = _options.check(
+            prefix,
+            timeout_s,
+            counter_ttl_ms,
+            min_replicas,
+            replica_timeout_ms,
+            cluster=isinstance(client, redis.RedisCluster),
+        )
         self.prefix, self.counter_ttl_ms = checked.prefix, checked.counter_ttl_ms
+        self.min_replicas, self.replica_timeout_ms = (
+            checked.min_replicas,
+            checked.replica_timeout_ms,
+        )
         super().__init__(timeout_s=checked.timeout_s, owns_client=bool(close_client))
         self._client = client
         self._server = _blocking.server_of(client)
         # The async provider's waiters listen on the lease's channel: releases and
         # transfers from blocking code wake them too.
         publish = b"SPUBLISH" if isinstance(client, redis.RedisCluster) else b"PUBLISH"
-        self._ctx = _ops.context(self.prefix, self.counter_ttl_ms, publish)
+        self._ctx = _ops.context(
+            self.prefix, self.counter_ttl_ms, publish, self.min_replicas, self.replica_timeout_ms
+        )
         self._transport = _blocking.BlockingTransport(
             client, timeout_s=self.timeout_s, where=self._where()
         )
@@ -383,6 +430,8 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
             prefix=settings.prefix,
             timeout_s=settings.timeout_s,
             counter_ttl_ms=settings.counter_ttl_ms,
+            min_replicas=settings.min_replicas,
+            replica_timeout_ms=settings.replica_timeout_ms,
             close_client=True,
         )
 
@@ -395,7 +444,10 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         self._transport.give_back()
 
     def _close_client(self) -> None:
-        self._client.close()
+        try:
+            self._client.close()
+        finally:
+            _blocking.close_sentinels(self._client)
 
     def _describe(self) -> str:
         return f"prefix={self.prefix!r}" + (f", server={self._server}" if self._server else "")
