@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import PostgresLeaseProvider, PostgresSyncLeaseProvider
-from leasekit_postgres._ops import CommitWatch
+from leasekit_postgres._commit import CommitWatch
 from leasekit_postgres._options import pool_settings
 
 pytestmark = pytest.mark.anyio

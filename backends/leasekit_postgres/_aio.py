@@ -31,6 +31,7 @@ from leasekit import LeaseBackendError, LeaseProviderClosed
 from leasekit.backend import drive_async
 
 from . import _ops
+from ._commit import CommitWatch
 from ._options import (
     BACKEND,
     CONNECT_ERRORS,
@@ -132,7 +133,7 @@ class AsyncTransport:
         self.server = self._server()
         self.where = where(self.server, settings.table)
         # With synchronous_commit: each connection's watch for unacknowledged commits.
-        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+        self.watches: weakref.WeakKeyDictionary[Any, CommitWatch] | None = (
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
 
@@ -173,7 +174,7 @@ class AsyncTransport:
             await self.pool.check()
             step = step.operation
         async with self.pool.connection() as conn:
-            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
+            watch = None if self.watches is None else CommitWatch.on(self.watches, conn)
             try:
                 result = await run(conn, step)
             except psycopg.errors.ReadOnlySqlTransaction:
@@ -192,7 +193,7 @@ class AsyncTransport:
             )
         if self.watches is None:
             return await run(self.conn, operation)
-        watch = _ops.CommitWatch.on(self.watches, self.conn)
+        watch = CommitWatch.on(self.watches, self.conn)
         result = await run(self.conn, operation)
         watch.check(self.where)
         return result

@@ -35,6 +35,7 @@ from leasekit import LeaseBackendTimeout
 from leasekit.backend import SyncDeadlines, drive
 
 from . import _ops, _options
+from ._commit import CommitWatch
 from ._options import BACKEND, CONNECT_ERRORS, PoolSettings, Settings
 
 __all__ = ["BlockingTransport", "exchange", "own_pool", "run"]
@@ -100,7 +101,7 @@ class BlockingTransport:
         self.server = _options.server_of(pool.conninfo)
         self.where = _options.where(self.server, settings.table)
         # With synchronous_commit: each connection's watch for unacknowledged commits.
-        self.watches: weakref.WeakKeyDictionary[Any, _ops.CommitWatch] | None = (
+        self.watches: weakref.WeakKeyDictionary[Any, CommitWatch] | None = (
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
 
@@ -130,7 +131,7 @@ class BlockingTransport:
             self.pool.check()
             step = step.operation
         with self.pool.connection() as conn:
-            watch = None if self.watches is None else _ops.CommitWatch.on(self.watches, conn)
+            watch = None if self.watches is None else CommitWatch.on(self.watches, conn)
             try:
                 result = self._bounded(conn, step, key)
             except psycopg.errors.ReadOnlySqlTransaction:

@@ -21,7 +21,7 @@ lost it (:func:`lost`), the one retry on a fresh connection after a lost one
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -30,7 +30,6 @@ from psycopg import pq
 
 from leasekit import (
     LeaseBackendError,
-    LeaseBackendTimeout,
     LeaseResult,
     validate_key,
     validate_owner,
@@ -44,7 +43,6 @@ from ._options import BACKEND, INSPECT_LIMIT
 
 __all__ = [
     "RETRIED",
-    "CommitWatch",
     "ConnectionLost",
     "Operation",
     "Query",
@@ -391,53 +389,6 @@ def needs_rollback(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     Only a connection outside autocommit mode (a caller's pool may hand out such) can be.
     """
     return not conn.broken and conn.info.transaction_status == pq.TransactionStatus.INERROR
-
-
-class CommitWatch:
-    """Notes, on one connection, a commit the standby never acknowledged.
-
-    With ``synchronous_commit``, a commit waits for the synchronous standby; when the
-    statement is cancelled meanwhile (``statement_timeout``: ``timeout_s``), PostgreSQL
-    stops waiting, keeps the commit on the primary, and answers as if all went well,
-    with a ``WARNING`` ("canceling wait for synchronous replication"). Installed as the
-    connection's notice handler (:meth:`notice`); :meth:`check` after each operation
-    turns such a warning into :class:`~leasekit.LeaseBackendTimeout`: the outcome is
-    unknown, as for any timeout. Any warning of the generic class ``01000`` counts,
-    whatever the server's language; leasekit's statements raise no other.
-    """
-
-    __slots__ = ("unconfirmed",)
-
-    def __init__(self) -> None:
-        self.unconfirmed = False
-
-    @classmethod
-    def on(cls, watches: MutableMapping[Any, CommitWatch] | None, conn: Any) -> CommitWatch:
-        """``conn``'s watch in ``watches``, installed on first use, cleared for the
-        operation about to run (a warning some other statement on the connection drew
-        is not this operation's)."""
-        assert watches is not None
-        watch = watches.get(conn)
-        if watch is None:
-            watch = watches[conn] = cls()
-            conn.add_notice_handler(watch.notice)
-        watch.unconfirmed = False
-        return watch
-
-    def notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        if diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000":
-            self.unconfirmed = True
-
-    def check(self, where: str, key: str | None = None) -> None:
-        """Raise if the last operation's commit went unacknowledged; forget it."""
-        if self.unconfirmed:
-            self.unconfirmed = False
-            raise LeaseBackendTimeout(
-                "the synchronous standby did not acknowledge the commit within timeout_s: "
-                f"it stands on the primary but may be lost in a failover{where}",
-                backend=BACKEND,
-                key=key,
-            )
 
 
 def lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
