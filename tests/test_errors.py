@@ -20,6 +20,8 @@ from leasekit import (
     LeaseHeld,
     LeaseLost,
     LeaseProviderClosed,
+    LockError,
+    LockNotOwnedError,
     StaleFencingToken,
 )
 
@@ -39,6 +41,11 @@ EXAMPLES: list[tuple[LeaseError, dict[str, object]]] = [
     (LeaseBackendTimeout("no answer", backend="etcd", key="k"), {"backend": "etcd", "key": "k"}),
     (LeaseBackendUnreachable("refused", backend="postgresql"), {"backend": "postgresql"}),
     (LeaseProviderClosed(backend="sqlite"), {"backend": "sqlite"}),
+    (LockError("cannot release an unlocked lock", lock_name="jobs"), {"lock_name": "jobs"}),
+    (
+        LockNotOwnedError("cannot release a lock that's no longer owned", lock_name="jobs"),
+        {"lock_name": "jobs"},
+    ),
     (LeaseHeld(key="thread-1", holder="worker-b"), {"key": "thread-1", "holder": "worker-b"}),
     (
         LeaseLost(key="thread-1", owner="worker-a", reason="refused"),
