@@ -196,17 +196,23 @@ async def test_a_refused_renewal_cancels_the_body_with_lease_lost(
 ) -> None:
     reached_end = False
     lease = leasekit.hold(scripted, "stolen", "a", LONG_TTL_MS, renew_every_ms=FAST_RENEW_MS)
+    moved: asyncio.Task[bool] | None = None
 
     async def body() -> None:
-        nonlocal reached_end
+        nonlocal reached_end, moved
         # Someone else takes the key (as if our lease had expired in a pause), in one
-        # step: the renewer may cancel this body as soon as it is done.
-        await other.transfer_lease("stolen", "a", "b", LONG_TTL_MS)
+        # step. In a task of its own: the renewer may cancel this body as soon as the
+        # transfer has landed, before its answer is back, and a transfer cancelled in
+        # flight is undone (the contract's rule, not this test's subject).
+        moved = asyncio.create_task(other.transfer_lease("stolen", "a", "b", LONG_TTL_MS))
+        await asyncio.shield(moved)
         await forever()
         reached_end = True
 
     with pytest.raises(LeaseLost) as caught:
         await held(lease, body)
+    assert moved is not None
+    assert await moved
     assert not reached_end
     assert (caught.value.key, caught.value.owner) == ("stolen", "a")
     assert lease.lost.is_set()
