@@ -1669,6 +1669,11 @@ class MariaDBServer(DataDirServer):
                     "--innodb-flush-log-at-trx-commit=0",
                     "--innodb-flush-method=nosync",
                     "--innodb-buffer-pool-size=64M",
+                    # Its own directory for temporary tables: bootstraps running at
+                    # once (one per xdist worker) name theirs alike in a shared /tmp
+                    # and fail ("Unknown table 'mysql.tmp_user_sys'"), and the file
+                    # a failed one leaves behind fails every later one.
+                    f"--tmpdir={data_dir}",
                 ],
                 cwd=data_dir,
                 stdin=subprocess.DEVNULL,
@@ -1690,6 +1695,7 @@ class MariaDBServer(DataDirServer):
             f"--datadir={self.data_dir / 'data'}",
             f"--socket={self.data_dir / 'mariadbd.sock'}",
             f"--pid-file={self.data_dir / 'mariadbd.pid'}",
+            f"--tmpdir={self.data_dir}",  # as the bootstrap's: not a /tmp shared with others
             f"--bind-address={self.host}",
             f"--port={self.port}",
             "--skip-name-resolve",
