@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from servers import RedisServer, require_module, with_options
+from servers import RedisServer, require_module, resp_command, with_options
 
 import leasekit
 import leasekit.plugins
@@ -331,3 +332,28 @@ def test_required_capabilities_are_checked_on_the_native_path(url: str) -> None:
     with leasekit.sync.connect(url, require=["fencing", "atomic_transfer"]) as leases:
         assert leases.native
         assert leases.capabilities.fencing
+
+
+def test_closing_disconnects_the_connections_of_the_client_it_built(
+    private_redis_server: RedisServer,
+) -> None:
+    # from_url's client owns its pool: closing the provider must close its sockets, not
+    # leave them open for the garbage collector (a ResourceWarning at exit).
+    server = private_redis_server
+
+    def connected() -> int:  # the clients the server has, this INFO's own included
+        reply = resp_command(server.host, server.port, "INFO", "clients")
+        assert isinstance(reply, bytes)
+        fields = dict(line.split(":", 1) for line in reply.decode().splitlines() if ":" in line)
+        return int(fields["connected_clients"])
+
+    alone = connected()
+    with leasekit.sync.connect(server.url) as leases:
+        assert leases.native
+        assert leases.acquire_lease("closing", "a", 30_000).acquired
+        leases.release_lease("closing", "a")
+        assert connected() > alone
+    deadline = time.monotonic() + 10.0
+    while connected() > alone:
+        assert time.monotonic() < deadline, "the provider's connection is still open"
+        time.sleep(0.01)

@@ -50,17 +50,22 @@ def build_client(settings: _options.RedisSettings) -> RedisSyncClient:
             sentinel = Sentinel(  # type: ignore[no-untyped-call]
                 list(settings.sentinel.addresses), sentinel_kwargs=own, **{**servers, **connection}
             )
-            return sentinel.master_for(  # type: ignore[no-any-return,no-untyped-call]
+            client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
                 settings.sentinel.service,
                 connection_pool_class=SentinelConnectionPool,
                 max_connections=settings.max_connections,
             )
-        # The transport takes at most max_connections from it (_Connections), so the
-        # pool never runs out; its own wait would raise ConnectionError.
-        pool = ConnectionPool.from_url(
-            settings.driver_url, max_connections=settings.max_connections, **connection
-        )
-        return redis.Redis(connection_pool=pool)
+        else:
+            # The transport takes at most max_connections from it (_Connections), so the
+            # pool never runs out; its own wait would raise ConnectionError.
+            pool = ConnectionPool.from_url(
+                settings.driver_url, max_connections=settings.max_connections, **connection
+            )
+            client = redis.Redis(connection_pool=pool)
+        # The pool is the client's own, as from_url makes it: close() disconnects it
+        # (a pool passed in is otherwise left open, its sockets to the garbage collector).
+        client.auto_close_connection_pool = True
+        return client
     except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
         raise InvalidLeaseArgument.for_argument("url", f"{exc} ({settings.redacted!r})") from None
 

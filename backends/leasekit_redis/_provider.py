@@ -444,6 +444,9 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         self._transport.give_back()
 
     def _close_client(self) -> None:
+        # The borrowed connections first: handed back after the pool's disconnect, they
+        # would stay connected (a socket left to the garbage collector).
+        self._transport.give_back()
         try:
             self._client.close()
         finally:
