@@ -241,7 +241,7 @@ class AutoPipeline:
         batch = self._batch
         if batch is None:
             if not self._busy or not self.enabled:
-                return self._alone(request)  # type: ignore[arg-type]
+                return self._execute(request, alone=True)  # type: ignore[arg-type]
             batch = self._batch = _Batch()
             self._spawn(self._flush(batch))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -279,22 +279,6 @@ class AutoPipeline:
         client = self._client
         keyslot = client.keyslot if isinstance(client, redis.asyncio.RedisCluster) else None
         return _keys.slot_groups(leases, keyslot)
-
-    # -- one request alone: the caller's own task does the I/O --------------------------
-
-    async def _alone(self, request: _Single) -> Any:
-        slots = self.slots
-        self._busy += 1
-        try:
-            if slots is not None:
-                await slots.acquire()
-            try:
-                return await self._execute(request)
-            finally:
-                if slots is not None:
-                    slots.release()
-        finally:
-            self._busy -= 1
 
     # -- a batch: its own task writes it and hands out the replies ----------------------
 
@@ -415,19 +399,35 @@ class AutoPipeline:
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
 
-    async def _execute(self, request: _Single) -> Any:
+    async def _execute(self, request: _Single, *, alone: bool = False) -> Any:
         """One request on its own: a script by EVALSHA, or by EVAL when the server lacks it.
 
         The server's script cache was flushed, or this is the script's first call there:
         EVAL runs it and caches it again, so EVALSHA works next time. An acknowledged
-        request goes with its ``WAIT`` (:meth:`_acknowledged`).
+        request goes with its ``WAIT`` (:meth:`_acknowledged`). ``alone``: a request
+        outside any batch, sent by its caller's own task, counted in :attr:`_busy` (so
+        that requests arriving meanwhile form a batch) and in its turn for a connection
+        (one coroutine per request: this is every lone request's path).
         """
-        client = self._client
-        if isinstance(request, Acknowledged):
-            return await self._acknowledged(request)
-        if not isinstance(request, ScriptCall):
-            return await client.execute_command(*request)
+        slots = self.slots if alone else None
+        if alone:
+            self._busy += 1
         try:
-            return await client.execute_command(*request.evalsha())
-        except NoScriptError:
-            return await client.execute_command(*request.eval())
+            if slots is not None:
+                await slots.acquire()
+            try:
+                client = self._client
+                if isinstance(request, Acknowledged):
+                    return await self._acknowledged(request)
+                if not isinstance(request, ScriptCall):
+                    return await client.execute_command(*request)
+                try:
+                    return await client.execute_command(*request.evalsha())
+                except NoScriptError:
+                    return await client.execute_command(*request.eval())
+            finally:
+                if slots is not None:
+                    slots.release()
+        finally:
+            if alone:
+                self._busy -= 1

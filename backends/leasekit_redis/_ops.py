@@ -215,15 +215,18 @@ def _owned_for(
 def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
     """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
     call = _owned_for(ctx, _lua.ACQUIRE, key, owner, ttl_ms)
-    return _acquire(ctx, _writing(ctx, call), key, owner)
+    return _acquire(ctx, call if ctx.wait is None else _writing(ctx, call), key, owner)
 
 
 def _acquire(
     ctx: OpContext, request: ScriptCall | Acknowledged, key: str, owner: str
 ) -> Operation[Request, LeaseResult]:
-    reply, acks = _unpack(ctx, (yield request))
+    reply = yield request
+    if ctx.wait is not None:  # inline, not _unpack: every acquire's path
+        reply, acks = reply
+        if isinstance(reply, int) and not isinstance(reply, bool):
+            _check_acks(ctx, key, acks)
     if isinstance(reply, int) and not isinstance(reply, bool):
-        _check_acks(ctx, key, acks)
         return LeaseResult(True, owner, reply)
     try:
         if not isinstance(reply, bytes | str):

@@ -230,7 +230,9 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         return await self._call(drive_async(operation, self._exchange), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        await self.release_if_held(key, owner)
+        operation = _ops.release(self._ctx, key, owner)  # as release_if_held's, a frame less
+        self._refuse_if_closed()
+        await self._call(drive_async(operation, self._exchange), key)
 
     async def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
