@@ -160,8 +160,10 @@ class AsyncTransport:
                 await self.ensure_ready(check_schema=check_schema)
             if pool is None:
                 return await self._run_single(operation)
-            attempts = _ops.attempts(operation, again, args)
-            return await drive_async(attempts, self._attempt, throws=_ops.RETRIED)
+            try:
+                return await self._attempt(operation)
+            except _ops.RETRIED as exc:
+                return await self._attempt(_ops.retry_of(exc, operation, again, args))
         except PoolClosed:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None

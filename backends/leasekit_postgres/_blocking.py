@@ -122,8 +122,10 @@ class BlockingTransport:
             self.ensure_ready(check_schema=check_schema)
         if self._abandoned and key is not None and key in self._abandoned:
             self._end_abandoned(key)
-        attempts = _ops.attempts(operation, again, args)
-        return drive(attempts, partial(self._attempt, key), throws=_ops.RETRIED)
+        try:
+            return self._attempt(key, operation)
+        except _ops.RETRIED as exc:
+            return self._attempt(key, _ops.retry_of(exc, operation, again, args))
 
     def _attempt(self, key: str | None, step: _ops.Operation[_T] | _ops.Retry) -> _T:
         """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""

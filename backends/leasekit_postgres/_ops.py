@@ -63,6 +63,7 @@ __all__ = [
     "remaining",
     "renew",
     "renew_many",
+    "retry_of",
     "row_count",
     "sweep",
     "transfer",
@@ -447,6 +448,26 @@ def attempts(
 
 RETRIED = (ConnectionLost, psycopg.errors.ReadOnlySqlTransaction)
 """What a transport throws into :func:`attempts`: the failures it may retry."""
+
+
+def retry_of(
+    exc: BaseException,
+    operation: Operation[_T],
+    again: Callable[..., Operation[_T]] | None,
+    args: tuple[Any, ...],
+) -> Retry:
+    """What :func:`attempts` does once its first attempt raised ``exc`` (one of
+    :data:`RETRIED`): the :class:`Retry` to run, or ``exc`` raised again.
+
+    For transports that make the first attempt without the policy (most calls succeed
+    at once, and driving a generator for them costs every call a frame): on a failure
+    they ask the same policy what comes next.
+    """
+    policy = attempts(operation, again, args)
+    next(policy)  # the first attempt, already made
+    step = policy.throw(exc)
+    assert isinstance(step, Retry)
+    return step
 
 
 class SweepSchedule:

@@ -88,16 +88,25 @@ class BatchedRenewalChecks(ContractBase):
     ) -> None:
         many = _renew_many(provider)
         t, keys = Timing.of(provider), KeySpace()
-        short, long = keys("short"), keys("long")
-        token = check_granted(
-            await provider.acquire_lease(long, "alice", t.short_ttl_ms), "alice", t.caps, "long"
-        )
-        await provider.acquire_lease(short, "alice", t.long_ttl_ms)
-        started = time.monotonic()
-        results = await many.renew_leases(
-            [(long, "alice", t.long_ttl_ms), (short, "alice", t.short_ttl_ms)]
-        )
-        finished = time.monotonic()
+        for attempt in range(3):
+            short, long = keys(f"short-{attempt}"), keys(f"long-{attempt}")
+            await provider.acquire_lease(short, "alice", t.long_ttl_ms)
+            token = check_granted(
+                await provider.acquire_lease(long, "alice", t.short_ttl_ms),
+                "alice",
+                t.caps,
+                "long",
+            )
+            started = time.monotonic()
+            results = await many.renew_leases(
+                [(long, "alice", t.long_ttl_ms), (short, "alice", t.short_ttl_ms)]
+            )
+            finished = time.monotonic()
+            # `long` starts with the short TTL: a pause of this machine longer than that
+            # between its grant and the batch lets it run out first, and False is then
+            # the right answer. Set up again (the store itself says the key is free).
+            if results[:1] != [False] or await provider.get_lease_owner(long) is not None:
+                break
         _check_results(results, [True, True], "two renewals with their own TTLs")
         await expect_expiry(
             provider,
