@@ -227,8 +227,11 @@ class BackendProvider(ProviderBase):
             result = await awaitable
         except BaseException as exc:  # noqa: BLE001 (re-raised: mapped, or as it was)
             raise self._failed(exc, watch, key, grant, None)  # noqa: B904 (_failed chains it)
-        finally:
-            self._left(watch)
+        finally:  # _left's, inline: the hot path of every call
+            deadlines.close(watch)
+            self._inflight -= 1
+            if not self._inflight and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
         if watch.task.cancelling() > watch.cancelling:  # type: ignore[union-attr]
             self._swallowed(key, grant, result)
         return result
