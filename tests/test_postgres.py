@@ -233,6 +233,10 @@ async def test_url_query_and_keywords_set_options_keywords_winning() -> None:
         ("postgresql://h/db?port=abc", {}, "url"),
         ("postgresql://h1,h2/db?target_session_attrs=any-old", {}, "url"),
         ("postgresql://h/db?gssencmode=always", {}, "url"),
+        # ... and those it checks only on a TCP socket, which that dry run never opens.
+        ("postgresql://h/db?keepalives=x", {}, "url"),
+        ("postgresql://h/db?keepalives_idle=soon", {}, "url"),
+        ("postgresql://h/db?tcp_user_timeout=1.5", {}, "url"),
         ("postgresql://h/db", {"colour": "blue"}, "options"),
         ("postgresql://h/db", {"autocommit": False}, "options"),
         ("postgresql://h/db?timeout_s=soon", {}, "timeout_s"),
@@ -265,7 +269,8 @@ def test_bad_urls_and_options_name_the_problem(
 
 
 @pytest.mark.parametrize(
-    "query", ["colour=blue", "sslmode=bogus", "connect_timeout=soon", "channel_binding=x"]
+    "query",
+    ["colour=blue", "sslmode=bogus", "connect_timeout=soon", "channel_binding=x", "keepalives=x"],
 )
 def test_a_bad_libpq_parameter_is_a_usage_error_on_one_line_in_both_apis(
     query: str, capsys: pytest.CaptureFixture[str]

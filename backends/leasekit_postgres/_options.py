@@ -421,6 +421,17 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+# libpq's integer parameters that it reads only when it opens a TCP socket, so that the
+# dry run below, on a Unix socket, never sees them; an integer as libpq parses one.
+_TCP_ONLY_INTEGERS = (
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+_LIBPQ_INTEGER = re.compile(r"\s*[-+]?\d+\s*")
+
 # A socket directory that does not exist: libpq's dry run below fails there, locally.
 _NO_SERVER = "/nonexistent/leasekit-option-check"
 
@@ -432,9 +443,17 @@ def _check_libpq_values(params: dict[str, Any], url: str) -> None:
     a connection here with the same parameters but every host replaced by a Unix
     socket directory that does not exist: libpq checks the values first, and if they
     pass, fails at once on the missing socket, having sent nothing anywhere. A failure
-    that is not that one is a bad value. Values libpq checks only on a TCP connection
-    (``keepalives``) are still refused at the first connection, as a backend error.
+    that is not that one is a bad value. The values libpq checks only on a TCP
+    connection (``keepalives``, ``tcp_user_timeout``: integers all) are checked here.
     """
+    for name in _TCP_ONLY_INTEGERS:
+        value = params.get(name)
+        if value is not None and not _LIBPQ_INTEGER.fullmatch(str(value)):
+            raise InvalidLeaseArgument.for_argument(
+                "url",
+                f"invalid integer value {str(value)!r} for connection option {name!r} "
+                f"({redact_url(url)!r})",
+            )
     probe = dict(params)
     hosts = str(probe.pop("hostaddr", None) or probe.get("host") or "").split(",")
     probe["host"] = ",".join([_NO_SERVER] * len(hosts))
