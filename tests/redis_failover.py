@@ -217,6 +217,9 @@ async def fail_over_once(
     round_ = Round()
     try:
         await asyncio.sleep(before_s)
+        # Which server is the primary now, as the sentinels say (on a loaded machine
+        # they may have failed over once more on their own since the last round).
+        await asyncio.to_thread(group.settle_roles)
         # The replica falls behind: frozen, and its link dropped, so nothing more reaches it.
         replica, primary = group.replica, group.primary
         replica.pause()

@@ -832,7 +832,7 @@ class RedisSentinelGroup:
         old.restart()
         self._follow(old, self.primary)
         self._wait(
-            lambda: self._settled(peers=False),
+            self._settled_either_way,
             "the sentinels did not take the old primary back",
             detail=lambda: [
                 (sentinel.primary_port_now(), self.primary.port, sentinel.replicas())
@@ -840,6 +840,28 @@ class RedisSentinelGroup:
             ],
         )
         self.failovers += 1
+
+    def _settled_either_way(self) -> bool:
+        """:meth:`_settled`, or settled with the two servers' roles the other way round.
+
+        On a loaded machine the sentinels may fail over once more on their own, the new
+        primary having looked down for ``down_after_ms`` while it fed the rejoined
+        replica: both servers are up, and the group takes the roles they now have.
+        """
+        if self._settled(peers=False):
+            return True
+        self.primary, self.replica = self.replica, self.primary
+        swapped = False
+        try:
+            swapped = self._settled(peers=False)
+        finally:
+            if not swapped:
+                self.primary, self.replica = self.replica, self.primary
+        return swapped
+
+    def settle_roles(self) -> None:
+        """Wait until the sentinels agree on the primary (either server) and its replica."""
+        self._wait(self._settled_either_way, "the sentinels do not agree on a primary")
 
     def fail_over(self) -> RedisServer:
         """Kill the primary, wait for its replica's promotion, rejoin it; the new primary."""
