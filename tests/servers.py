@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any, BinaryIO, ClassVar, NoReturn, TypeVar
+from typing import Any, BinaryIO, ClassVar, NoReturn, Self
 
 import pytest
 
@@ -70,7 +70,6 @@ LOOPBACK = "127.0.0.1"
 # Ports a developer's own servers listen on; never ours, even if the kernel offers one.
 _WELL_KNOWN_PORTS = frozenset({2379, 2380, 3306, 5432, 6379, 6380, 16379})
 
-_Server = TypeVar("_Server", bound="ServerProcess")
 
 # Every server started and not yet stopped, so an interrupted run leaves no orphans.
 _RUNNING: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
@@ -171,7 +170,29 @@ class ServerStartError(RuntimeError):
     """A server process exited or never became ready; the message ends with its log."""
 
 
-class ServerProcess:
+class Started:
+    """``with`` a server (or a group of them): :meth:`start` on entry, :meth:`stop` on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServerProcess(Started):
     """One server process in its own process group, on a loopback port, in ``workdir``.
 
     Subclasses implement :meth:`argv` (the command line for ``self.port``) and
@@ -359,18 +380,6 @@ class ServerProcess:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def __enter__(self: _Server) -> _Server:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = "paused" if self._paused else "running" if self.running else "stopped"
         return f"{type(self).__name__}({self.host}:{self.port}, {state})"
@@ -508,7 +517,7 @@ _CLUSTER_NODE_ARGS = (
 )  # fmt: skip
 
 
-class RedisClusterServer:
+class RedisClusterServer(Started):
     """A Redis Cluster of ``size`` primaries (no replicas) on loopback ports.
 
     Slots are split evenly, the nodes are joined with ``CLUSTER MEET``, and
@@ -565,18 +574,6 @@ class RedisClusterServer:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def __enter__(self) -> RedisClusterServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _parse_info(reply: object) -> dict[str, str]:
@@ -688,7 +685,7 @@ def _sentinel_table(reply: object) -> list[dict[str, str]]:
     return rows
 
 
-class RedisSentinelGroup:
+class RedisSentinelGroup(Started):
     """A Redis primary, one replica and three sentinels (quorum 2) on loopback ports.
 
     :meth:`fail_over` kills the primary (SIGKILL), waits until every sentinel names the
@@ -875,18 +872,6 @@ class RedisSentinelGroup:
             sentinel.stop()
         self.primary.stop()
         self.replica.stop()
-
-    def __enter__(self) -> RedisSentinelGroup:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
@@ -1301,7 +1286,7 @@ class PostgresStandby(PostgresServer):
             raise ServerStartError(f"pg_ctl promote exited with code {done.returncode}")
 
 
-class PostgresReplicatedPair:
+class PostgresReplicatedPair(Started):
     """A PostgreSQL primary and one streaming standby, replication asynchronous or not.
 
     ``synchronous=True`` names the standby in the primary's ``synchronous_standby_names``
@@ -1358,18 +1343,6 @@ class PostgresReplicatedPair:
     def stop(self) -> None:
         self.standby.stop()
         self.primary.stop()
-
-    def __enter__(self) -> PostgresReplicatedPair:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- etcd ---------------------------------------------------------------------------------
@@ -1518,7 +1491,7 @@ class EtcdServer(ServerProcess):
         return find_binary("etcd")
 
 
-class EtcdCluster:
+class EtcdCluster(Started):
     """A cluster of ``size`` etcd members on loopback ports, each with its own data dir.
 
     :meth:`start` launches every member at once (none can become healthy alone) and
@@ -1603,18 +1576,6 @@ class EtcdCluster:
             if member.running:
                 member.kill()
             member.stop()
-
-    def __enter__(self) -> EtcdCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- MariaDB ----------------------------------------------------------------------------
