@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 from ._capabilities import Capabilities, capabilities_of
 from ._clock import Clock, RealClock
 from ._contract import (
+    MAX_METADATA_BYTES,
     MAX_NAME_BYTES,
     MAX_TTL_MS,
     LeaseProvider,
     LeaseResult,
     ManagedLeaseProvider,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -52,6 +54,7 @@ from ._owners import new_owner_id
 from ._registry import BackendInfo, BackendRegistry
 from ._waiting import wait_for
 from ._watch import elect, leaders, watch_owner
+from .backend._records import LeaseRecord
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from . import bench as bench
@@ -63,6 +66,7 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from .hookspecs import hookimpl
 
 __all__ = [
+    "MAX_METADATA_BYTES",
     "MAX_NAME_BYTES",
     "MAX_TTL_MS",
     "NOOP",
@@ -81,6 +85,7 @@ __all__ = [
     "LeaseLost",
     "LeaseProvider",
     "LeaseProviderClosed",
+    "LeaseRecord",
     "LeaseResult",
     "LeasekitWarning",
     "Lock",
@@ -104,6 +109,7 @@ __all__ = [
     "new_owner_id",
     "register",
     "validate_key",
+    "validate_metadata",
     "validate_owner",
     "validate_ttl_ms",
     "wait_for",

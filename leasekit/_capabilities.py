@@ -31,6 +31,14 @@ class Capabilities:
     - ``release_notifications``: waiters are woken when a key may have become free
       (release, transfer, expiry, a lost channel) through the store's own channel,
       via ``watch_release`` (:class:`leasekit.backend.SupportsReleaseNotifications`).
+    - ``grant_notifications``: the same channel also tells of grants (a key taken,
+      or handed on), to watchers that ask with ``watch_release(key, grants=True)``, so
+      :func:`leasekit.watch_owner` sees a new owner of a free key without polling.
+    - ``metadata``: ``acquire_lease`` and ``transfer_lease`` take ``metadata=`` (stored
+      with the grant, kept by renew, replaced by transfer, cleared by release, returned
+      to a denied acquirer in :attr:`LeaseResult.metadata`), and
+      ``get_lease_record(key)`` reads owner, token, metadata and time left at once
+      (:class:`leasekit.backend.SupportsRecords`).
     """
 
     atomic_transfer: bool = False
@@ -42,6 +50,8 @@ class Capabilities:
     shared_across_hosts: bool = False
     persistent: bool = False
     release_notifications: bool = False
+    grant_notifications: bool = False
+    metadata: bool = False
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -13,16 +13,19 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
-from ._capabilities import Capabilities
-from ._errors import InvalidLeaseArgument
+from ._capabilities import Capabilities, capabilities_of
+from ._errors import BackendLacksCapability, InvalidLeaseArgument
 
 __all__ = [
+    "MAX_METADATA_BYTES",
     "MAX_NAME_BYTES",
     "MAX_TTL_MS",
     "LeaseProvider",
     "LeaseResult",
     "ManagedLeaseProvider",
+    "metadata_for",
     "validate_key",
+    "validate_metadata",
     "validate_owner",
     "validate_ttl_ms",
 ]
@@ -33,6 +36,10 @@ MAX_NAME_BYTES = 1024
 MAX_TTL_MS = 2**31 - 1
 """Longest lease, in milliseconds (about 24.8 days): fits every backend's TTL type."""
 
+MAX_METADATA_BYTES = 4096
+"""Largest lease metadata, in bytes (a ``str`` counts its UTF-8 bytes): an address, a
+queue name or a small JSON object, not a payload."""
+
 
 @dataclass(frozen=True, slots=True, init=False)
 class LeaseResult:
@@ -42,24 +49,45 @@ class LeaseResult:
     the caller when acquired, otherwise the current holder (``None`` only when the
     holder's lease expired between the check and the answer). ``token`` is the fencing
     token of the caller's lease on backends that declare ``fencing=True``; ``None``
-    when denied or when the backend has no fencing.
+    when denied or when the backend has no fencing. ``metadata`` is the holder's
+    metadata (:data:`MAX_METADATA_BYTES` at most, stored with the grant on backends that
+    declare ``metadata=True``): the caller's own when acquired, the holder's when denied,
+    so a loser learns where to route in the same round trip; ``None`` when the holder
+    stored none.
     """
 
     acquired: bool
     owner: str | None
     token: int | None = None
+    metadata: bytes | None = None
 
-    def __init__(self, acquired: bool, owner: str | None, token: int | None = None) -> None:
+    def __init__(
+        self,
+        acquired: bool,
+        owner: str | None,
+        token: int | None = None,
+        metadata: bytes | None = None,
+    ) -> None:
         # What dataclass's frozen __init__ does (object.__setattr__ per field), through
         # the slots' own setters, at a third less: every acquire builds one.
         _set_acquired(self, acquired)
         _set_owner(self, owner)
         _set_token(self, token)
+        _set_metadata(self, metadata)
+
+    def __repr__(self) -> str:
+        # Metadata shows only when there is some: most backends and callers have none.
+        extra = "" if self.metadata is None else f", metadata={self.metadata!r}"
+        return (
+            f"LeaseResult(acquired={self.acquired!r}, owner={self.owner!r}, "
+            f"token={self.token!r}{extra})"
+        )
 
 
 _set_acquired = LeaseResult.__dict__["acquired"].__set__
 _set_owner = LeaseResult.__dict__["owner"].__set__
 _set_token = LeaseResult.__dict__["token"].__set__
+_set_metadata = LeaseResult.__dict__["metadata"].__set__
 
 
 class LeaseProvider(Protocol):
@@ -192,3 +220,54 @@ def validate_ttl_ms(ttl_ms: object, argument: str = "ttl_ms") -> int:
             argument, f"must be between 1 and {MAX_TTL_MS} milliseconds, got {ttl_ms}", ttl_ms
         )
     return int(ttl_ms)
+
+
+def validate_metadata(metadata: object, argument: str = "metadata") -> bytes | None:
+    """Check lease metadata and return it as ``bytes`` (``None`` stays ``None``).
+
+    ``bytes`` (or a ``bytearray``/``memoryview``) are stored as they are, any byte
+    included; a ``str`` is stored as its UTF-8 bytes (lone surrogates refused). At most
+    :data:`MAX_METADATA_BYTES` bytes. Raises :class:`InvalidLeaseArgument` naming
+    ``argument`` for anything else, before any I/O.
+    """
+    if metadata is None or type(metadata) is bytes:
+        data = metadata
+    elif isinstance(metadata, str):
+        try:
+            data = metadata.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidLeaseArgument.for_argument(
+                argument,
+                f"must be encodable as UTF-8 (lone surrogate at index {exc.start})",
+                metadata,
+            ) from None
+    elif isinstance(metadata, bytes | bytearray | memoryview):
+        data = bytes(metadata)
+    else:
+        raise InvalidLeaseArgument.for_argument(
+            argument, f"must be bytes, str or None, got {_describe(metadata)}", metadata
+        )
+    if data is not None and len(data) > MAX_METADATA_BYTES:
+        raise InvalidLeaseArgument.for_argument(
+            argument, f"must be at most {MAX_METADATA_BYTES} bytes, got {len(data)}", metadata
+        )
+    return data
+
+
+def metadata_for(provider: object, metadata: object, argument: str = "metadata") -> bytes | None:
+    """Check ``metadata`` for an acquire or transfer on ``provider``, before any I/O.
+
+    Returns it as ``bytes`` (:func:`leasekit.validate_metadata`), or ``None``. Metadata
+    on a provider that does not declare ``Capabilities(metadata=True)`` raises
+    :class:`BackendLacksCapability`: it would be dropped, and the callers routing by it
+    would be sent nowhere.
+    """
+    data = validate_metadata(metadata, argument)
+    if data is not None and not capabilities_of(provider).metadata:
+        name = getattr(provider, "backend", None) or type(provider).__name__
+        raise BackendLacksCapability(
+            f"backend {name!r} cannot store lease metadata (Capabilities.metadata is false)",
+            backend=str(name),
+            missing=("metadata",),
+        )
+    return data

@@ -169,12 +169,22 @@ class LeaseHeld(LeaseError):
 
     ``holder`` is the owner that holds ``key`` (route follow-up work to it), or
     ``None`` when the holder's lease expired at the very moment it was asked.
+    ``metadata`` is what the holder stored with its grant (its address, say), on
+    backends with ``Capabilities.metadata``; ``None`` otherwise.
     """
 
-    def __init__(self, message: str = "", *, key: str = "", holder: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        key: str = "",
+        holder: str | None = None,
+        metadata: bytes | None = None,
+    ) -> None:
         super().__init__(message or f"lease on {key!r} is held by {holder!r}")
         self.key = key
         self.holder = holder
+        self.metadata = metadata
 
 
 class StaleFencingToken(LeaseError):

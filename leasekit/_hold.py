@@ -19,7 +19,13 @@ from typing import Literal
 
 from . import _hooks
 from ._clock import REAL_CLOCK, Clock, TimerHandle
-from ._contract import LeaseProvider, validate_key, validate_owner, validate_ttl_ms
+from ._contract import (
+    LeaseProvider,
+    metadata_for,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
 from ._errors import (
     InvalidLeaseArgument,
     LeaseBackendUnreachable,
@@ -73,10 +79,13 @@ class LeaseHold(Renewing):
         clock: Clock | None = None,
         poll_s: float = DEFAULT_POLL_S,
         max_poll_s: float = DEFAULT_MAX_POLL_S,
+        metadata: bytes | str | None = None,
     ) -> None:
         self.key = validate_key(key)
         self.owner = validate_owner(owner)
         self.ttl_ms = validate_ttl_ms(ttl_ms)
+        self.metadata = metadata_for(_hooks.unwrap(provider), metadata)
+        """The metadata stored with this holder's grant (as ``bytes``), or ``None``."""
         self.renew_every_ms, self.safety_margin_ms = schedule(
             ttl_ms, renew_every_ms, safety_margin_ms
         )
@@ -160,9 +169,10 @@ class LeaseHold(Renewing):
             poll_s=self._poll_s,
             max_poll_s=self._max_poll_s,
             clock=self._clock,
+            metadata=self.metadata,
         )
         if not result.acquired:
-            raise LeaseHeld(key=self.key, holder=result.owner)
+            raise LeaseHeld(key=self.key, holder=result.owner, metadata=result.metadata)
         self.token = result.token
         self._body = body = asyncio.current_task()
         if sys.version_info >= (3, 11) and body is not None:
@@ -323,13 +333,21 @@ class LeaseHold(Renewing):
 
     # -- handing over ----------------------------------------------------------------------
 
-    async def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
+    async def transfer_to(
+        self,
+        next_owner: str,
+        ttl_ms: int | None = None,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> None:
         """Hand the lease to ``next_owner`` (atomically where the backend declares it).
 
         Renewal stops first; after a successful transfer this holder no longer owns the
         key and leaving the ``async with`` does not release it. ``ttl_ms`` defaults to
-        this hold's TTL. The new owner learns its fencing token by acquiring (an
-        idempotent re-acquire for it).
+        this hold's TTL. ``metadata`` replaces this holder's (``None`` clears it): the
+        successor's address, on backends with ``Capabilities.metadata``. The new owner
+        learns its fencing token by acquiring (an idempotent re-acquire for it, passing
+        the same metadata).
 
         Bounded by :attr:`valid_until`: a store that has not answered by then is cut
         off. Raises :class:`LeaseLost` (with ``.lost`` already set) if this holder no
@@ -343,6 +361,7 @@ class LeaseHold(Renewing):
         """
         validate_owner(next_owner, "next_owner")
         ttl_ms = self.ttl_ms if ttl_ms is None else validate_ttl_ms(ttl_ms)
+        data = metadata_for(self._ops.wrapped, metadata)
         if next_owner == self.owner:
             raise InvalidLeaseArgument.for_argument(
                 "next_owner", "must differ from the holder (to extend the lease, just keep it)"
@@ -361,7 +380,7 @@ class LeaseHold(Renewing):
         cancel = self._cancel_on_transfer_loss = asyncio.current_task() is not self._body
         waiter = self._transfer = asyncio.get_running_loop().create_future()
         op = self._transfer_op = asyncio.ensure_future(
-            self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms)
+            self._ops.transfer_lease(self.key, self.owner, next_owner, ttl_ms, metadata=data)
         )
         op.add_done_callback(lambda _: _resolve(waiter))
         try:
@@ -421,6 +440,7 @@ def hold(
     on_lost: OnLost = "cancel",
     wait_s: float | None = 0.0,
     clock: Clock | None = None,
+    metadata: bytes | str | None = None,
 ) -> LeaseHold:
     """Hold ``key`` for ``owner`` for the duration of an ``async with`` block.
 
@@ -454,7 +474,11 @@ def hold(
     a grant that landed anyway, or an acquire that timed out, is undone in the
     background. No renewal task outlives the block.
     ``clock`` (default: the real monotonic clock) drives renewals and the deadline,
-    as ``leasekit.testing.FakeClock`` does in tests. Arguments are validated here,
+    as ``leasekit.testing.FakeClock`` does in tests. ``metadata`` (bytes or str, at
+    most :data:`~leasekit.MAX_METADATA_BYTES`) is stored with the grant where the
+    backend declares ``Capabilities.metadata`` (else :class:`BackendLacksCapability`):
+    where to route work for ``key``, read by others from a denied acquire,
+    :attr:`LeaseHeld.metadata` or ``get_lease_record``. Arguments are validated here,
     before any I/O.
     """
     return LeaseHold(
@@ -467,4 +491,5 @@ def hold(
         on_lost=on_lost,
         wait_s=wait_s,
         clock=clock,
+        metadata=metadata,
     )

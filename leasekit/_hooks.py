@@ -110,10 +110,17 @@ class HookedLeaseProvider:
         """The wrapped backend's capabilities."""
         return capabilities_of(self.wrapped)
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
         start = time.perf_counter()
         try:
-            result = await self.wrapped.acquire_lease(key, owner, ttl_ms)
+            if metadata is None:
+                result = await self.wrapped.acquire_lease(key, owner, ttl_ms)
+            else:  # only a backend with Capabilities.metadata takes it
+                result = await self.wrapped.acquire_lease(  # type: ignore[call-arg]
+                    key, owner, ttl_ms, metadata=metadata
+                )
         except Exception as exc:
             _failed("acquire", key, owner, backend=self.backend, exc=exc, start=start)
             raise
@@ -184,10 +191,23 @@ class HookedLeaseProvider:
             )
         return renewed
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
         start = time.perf_counter()
         try:
-            handed = await self.wrapped.transfer_lease(key, from_owner, to_owner, ttl_ms)
+            if metadata is None:
+                handed = await self.wrapped.transfer_lease(key, from_owner, to_owner, ttl_ms)
+            else:  # only a backend with Capabilities.metadata takes it
+                handed = await self.wrapped.transfer_lease(  # type: ignore[call-arg]
+                    key, from_owner, to_owner, ttl_ms, metadata=metadata
+                )
         except Exception as exc:
             _failed("transfer", key, from_owner, backend=self.backend, exc=exc, start=start)
             raise

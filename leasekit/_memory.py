@@ -12,10 +12,17 @@ from typing import Any
 
 from ._capabilities import Capabilities
 from ._clock import Clock
-from ._contract import LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from ._contract import (
+    LeaseResult,
+    validate_key,
+    validate_metadata,
+    validate_owner,
+    validate_ttl_ms,
+)
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed
 from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
+from .backend._records import LeaseRecord
 
 __all__ = ["MemoryLeaseProvider"]
 
@@ -27,6 +34,7 @@ class _Lease:
     owner: str
     token: int
     expires_ns: int
+    metadata: bytes | None = None
 
 
 class _MemoryStore:
@@ -57,9 +65,11 @@ class _MemoryStore:
             return None
         return lease
 
-    def grant(self, key: str, owner: str, ttl_ms: int, now_ns: int) -> _Lease:
+    def grant(
+        self, key: str, owner: str, ttl_ms: int, now_ns: int, metadata: bytes | None
+    ) -> _Lease:
         self.last_token += 1
-        lease = _Lease(owner, self.last_token, now_ns + ttl_ms * _NS_PER_MS)
+        lease = _Lease(owner, self.last_token, now_ns + ttl_ms * _NS_PER_MS, metadata)
         self.leases[key] = lease
         self.schedule(key, lease)
         return lease
@@ -129,6 +139,8 @@ class MemoryLeaseProvider:
         shared_across_hosts=False,
         persistent=False,
         release_notifications=True,
+        grant_notifications=True,
+        metadata=True,
     )
 
     def __init__(
@@ -190,22 +202,39 @@ class MemoryLeaseProvider:
             raise LeaseProviderClosed(backend="memory")
         return self._store
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
+        data = None if metadata is None else validate_metadata(metadata)
         store = self._check()
         with store.lock:
             now = store.clock_ns()
             store.sweep(now)
             lease = store.live(key, now)
-            if lease is None:
-                lease = store.grant(key, owner, ttl_ms, now)
-                return LeaseResult(True, owner, lease.token)
-            if lease.owner == owner:
+            if lease is not None:
+                if lease.owner != owner:
+                    return LeaseResult(False, lease.owner, None, lease.metadata)
                 store.extend(key, lease, ttl_ms, now)
-                return LeaseResult(True, owner, lease.token)
-            return LeaseResult(False, lease.owner, None)
+                lease.metadata = data
+                return LeaseResult(True, owner, lease.token, data)
+            lease = store.grant(key, owner, ttl_ms, now, data)
+        store.hub.notify(key, granted=True)  # owner watchers look again: taken
+        return LeaseResult(True, owner, lease.token, data)
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key``, ``None`` if free (``SupportsRecords``)."""
+        validate_key(key)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            lease = store.live(key, now)
+            if lease is None:
+                return None
+            remaining_ms = max(1, -(-(lease.expires_ns - now) // _NS_PER_MS))
+            return LeaseRecord(key, lease.owner, lease.token, remaining_ms, lease.metadata)
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)
@@ -276,11 +305,20 @@ class MemoryLeaseProvider:
                     renewed.append(True)
         return renewed
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
         validate_key(key)
         validate_owner(from_owner, "from_owner")
         validate_owner(to_owner, "to_owner")
         validate_ttl_ms(ttl_ms)
+        data = None if metadata is None else validate_metadata(metadata)
         store = self._check()
         with store.lock:
             now = store.clock_ns()
@@ -289,15 +327,17 @@ class MemoryLeaseProvider:
                 return False
             if to_owner == from_owner:
                 store.extend(key, lease, ttl_ms, now)
+                lease.metadata = data
                 return True
-            store.grant(key, to_owner, ttl_ms, now)
+            store.grant(key, to_owner, ttl_ms, now, data)
         store.hub.notify(key)  # waiters look again: still held, by someone new
         return True
 
-    async def watch_release(self, key: str) -> ReleaseWatch:
-        """Watch ``key`` for release and transfer (expiry: see :meth:`lease_remaining_ms`)."""
+    async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer (expiry: see :meth:`lease_remaining_ms`);
+        with ``grants``, for grants too."""
         validate_key(key)
-        return self._check().hub.watch(key)
+        return self._check().hub.watch(key, grants=grants)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` (rounded up), ``None`` if free."""

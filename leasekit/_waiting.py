@@ -23,7 +23,14 @@ from typing import Any
 from . import _hooks
 from ._capabilities import capabilities_of
 from ._clock import REAL_CLOCK, Clock
-from ._contract import LeaseProvider, LeaseResult, validate_key, validate_owner, validate_ttl_ms
+from ._contract import (
+    LeaseProvider,
+    LeaseResult,
+    metadata_for,
+    validate_key,
+    validate_owner,
+    validate_ttl_ms,
+)
 from ._errors import InvalidLeaseArgument, LeaseBackendError, LeaseBackendTimeout, LeaseHeld
 from ._leaving import undo_grant
 from .backend._notify import ReleaseWatch, SupportsRemaining
@@ -76,8 +83,11 @@ class KeyWaiter:
         poll_s: float = DEFAULT_POLL_S,
         max_poll_s: float = DEFAULT_MAX_POLL_S,
         clock: Clock = REAL_CLOCK,
+        grants: bool = False,
     ) -> None:
         self._provider = _hooks.unwrap(provider)
+        # Also woken by grants (an owner watcher), where the backend tells of them.
+        self._grants = grants and capabilities_of(self._provider).grant_notifications
         self._clock = clock
         self.key = key
         self._first = poll_s
@@ -104,7 +114,10 @@ class KeyWaiter:
             getattr(provider, "watch_release", None)
         ):
             try:
-                self._watch = await provider.watch_release(self.key)
+                if self._grants:
+                    self._watch = await provider.watch_release(self.key, grants=True)
+                else:
+                    self._watch = await provider.watch_release(self.key)
             except LeaseBackendError as exc:
                 # No channel for this wait (the server refused the subscription, e.g. an
                 # ACL user without pub/sub rights, or it could not be opened): poll, as
@@ -132,14 +145,15 @@ class KeyWaiter:
         """Wait until the key may have changed, or ``deadline``; True if a hint woke us.
 
         ``held=False`` (the key was free at the last look) waits a polling step even
-        with notifications, since a new grant sends no hint.
+        with notifications, since a new grant sends no hint, unless this waiter asked
+        for ``grants`` and the backend sends them: then it waits for the hint.
         """
         if await self._subscribe():
             return True
         left = None if deadline is None else max(deadline - self._clock.monotonic(), 0.0)
-        if self._watch is not None and held:
+        if self._watch is not None and (held or self._grants):
             limit = _SAFETY_S
-            if self._remaining:
+            if held and self._remaining:
                 remaining_ms = await self._provider.lease_remaining_ms(self.key)
                 if remaining_ms is None:
                     return True  # free already: look again at once
@@ -232,6 +246,7 @@ async def acquire_polling(
     poll_s: float,
     max_poll_s: float,
     clock: Clock = REAL_CLOCK,
+    metadata: bytes | None = None,
 ) -> tuple[LeaseResult, float]:
     """Acquire, retrying with jittered exponential backoff; (result, start of the winning call).
 
@@ -250,7 +265,12 @@ async def acquire_polling(
             while True:
                 start = clock.monotonic()
                 try:
-                    result = await provider.acquire_lease(key, owner, ttl_ms)
+                    if metadata is None:
+                        result = await provider.acquire_lease(key, owner, ttl_ms)
+                    else:
+                        result = await provider.acquire_lease(  # type: ignore[call-arg]
+                            key, owner, ttl_ms, metadata=metadata
+                        )
                 except LeaseBackendTimeout:
                     undo_grant(provider, key, owner)  # it may have landed: as if cancelled
                     raise
@@ -289,6 +309,7 @@ async def wait_for(
     poll_s: float = DEFAULT_POLL_S,
     max_poll_s: float = DEFAULT_MAX_POLL_S,
     clock: Clock | None = None,
+    metadata: bytes | str | None = None,
 ) -> LeaseResult:
     """Acquire ``key`` for ``owner``, waiting until it is free or ``timeout_s`` has passed.
 
@@ -303,11 +324,13 @@ async def wait_for(
     same error :func:`hold` raises, so one ``except LeaseHeld`` routes work to the
     holder either way). A :class:`LeaseBackendError` from the store propagates at once.
     ``clock`` (default: the real monotonic clock) paces the polls and the timeout, as
-    ``leasekit.testing.FakeClock`` does in tests.
+    ``leasekit.testing.FakeClock`` does in tests. ``metadata`` is stored with the
+    grant (``Capabilities.metadata``; see :meth:`LeaseProvider.acquire_lease`).
     """
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
+    data = metadata_for(_hooks.unwrap(provider), metadata)
     limit = check_wait_s(timeout_s, "timeout_s")
     first = check_poll_s(poll_s, "poll_s")
     cap = check_poll_s(max_poll_s, "max_poll_s")
@@ -321,7 +344,8 @@ async def wait_for(
         poll_s=first,
         max_poll_s=max(first, cap),
         clock=REAL_CLOCK if clock is None else clock,
+        metadata=data,
     )
     if not result.acquired:
-        raise LeaseHeld(key=key, holder=result.owner)
+        raise LeaseHeld(key=key, holder=result.owner, metadata=result.metadata)
     return result

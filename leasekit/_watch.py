@@ -24,9 +24,11 @@ async def watch_owner(
 
     On a backend with ``release_notifications`` a release, transfer or expiry is seen
     within a round trip and a held key costs the store no requests while nobody
-    touches it; a free key is looked at every ``poll_s`` (a new grant sends no hint).
-    Elsewhere the key is polled every ``poll_s``. Changes quicker than a look may be
-    missed (an observer sees states, not every transition). Store errors propagate.
+    touches it; with ``grant_notifications`` too, so is a grant of a free key, and a
+    free key costs nothing either. Without grant notifications a free key is looked at
+    every ``poll_s``; without any notifications the key is polled every ``poll_s``.
+    Each yield is the owner read after a change (an observer sees states: an owner
+    who held the key for less than a round trip may be missed). Store errors propagate.
     ``clock`` (default: the real monotonic clock) paces the looks, as
     ``leasekit.testing.FakeClock`` does in tests.
     """
@@ -40,6 +42,7 @@ async def watch_owner(
         poll_s=interval,
         max_poll_s=interval,
         clock=REAL_CLOCK if clock is None else clock,
+        grants=True,
     ) as waiter:
         while True:
             owner = await provider.get_lease_owner(key)
@@ -68,6 +71,7 @@ def elect(
     safety_margin_ms: int | None = None,
     on_lost: OnLost = "cancel",
     clock: Clock | None = None,
+    metadata: bytes | str | None = None,
 ) -> LeaseHold:
     """Campaign for leadership of ``group``; an async context manager holding it.
 
@@ -78,7 +82,8 @@ def elect(
     renewed in the background, the body cancelled (or ``term.lost`` set, with
     ``on_lost="flag"``) before anyone else can be elected, resigned on exit or handed
     on with ``term.transfer_to(successor)``. ``renew_every_ms``, ``safety_margin_ms``,
-    ``on_lost`` and ``clock`` are :func:`leasekit.hold`'s.
+    ``on_lost``, ``clock`` and ``metadata`` (the leader's address, for followers to
+    read from ``get_lease_record``) are :func:`leasekit.hold`'s.
     """
     validate_key(group, "group")
     validate_owner(candidate, "candidate")
@@ -93,4 +98,5 @@ def elect(
         on_lost=on_lost,
         wait_s=timeout_s,
         clock=clock,
+        metadata=metadata,
     )

@@ -47,8 +47,8 @@ class CountingProvider:
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
 
-    async def watch_release(self, key: str) -> Any:
-        return await self.inner.watch_release(key)
+    async def watch_release(self, key: str, *, grants: bool = False) -> Any:
+        return await self.inner.watch_release(key, grants=grants)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         return await self.inner.lease_remaining_ms(key)
@@ -104,7 +104,7 @@ async def test_a_transfer_wakes_waiters_who_are_denied_again() -> None:
 class RefusingProvider(CountingProvider):
     """Declares notifications, but the store refuses every subscription."""
 
-    async def watch_release(self, key: str) -> Any:
+    async def watch_release(self, key: str, *, grants: bool = False) -> Any:
         raise leasekit.LeaseBackendError("subscription refused", backend="test", key=key)
 
 
@@ -176,6 +176,70 @@ async def test_watch_owner_sees_a_held_key_change_without_polling() -> None:
         assert await asyncio.wait_for(nxt, BOUND_S) == "bob"
     finally:
         await changes.aclose()
+
+
+async def test_watch_owner_sees_a_grant_of_a_free_key_without_polling() -> None:
+    # Before grant notifications, a free key was looked at every poll_s: at 60 s this
+    # waited a minute for the grant.
+    provider = CountingProvider(MemoryLeaseProvider())
+    changes = leasekit.watch_owner(provider, "k", poll_s=SLOW_POLL_S)
+    try:
+        assert await anext(changes) is None
+        nxt = asyncio.ensure_future(anext(changes))
+        await asyncio.sleep(0.05)
+        lookups = provider.lookups
+        await asyncio.sleep(0.2)
+        assert provider.lookups == lookups  # waiting for a hint, not polling
+        await provider.acquire_lease("k", "alice", 60_000)
+        assert await asyncio.wait_for(nxt, BOUND_S) == "alice"
+    finally:
+        await changes.aclose()
+
+
+async def test_an_observer_of_elect_sees_every_leader_in_turn() -> None:
+    # The issue's reproduction: two candidates taking 100 ms turns, observed with the
+    # default poll_s; the observer used to report [None, 'c2', None], missing c1.
+    provider = MemoryLeaseProvider()
+    seen: list[str | None] = []
+    started = asyncio.Event()
+    done = asyncio.Event()
+
+    async def observe() -> None:
+        async for leader in leasekit.leaders(provider, "group"):
+            seen.append(leader)
+            started.set()
+            if leader == "c2":
+                done.set()
+
+    async def candidate(name: str) -> None:
+        async with leasekit.elect(provider, "group", name, 60_000, timeout_s=BOUND_S):
+            await asyncio.sleep(0.1)
+
+    observer = asyncio.ensure_future(observe())
+    await asyncio.wait_for(started.wait(), BOUND_S)
+    await candidate("c1")
+    await candidate("c2")
+    await asyncio.wait_for(done.wait(), BOUND_S)
+    observer.cancel()
+    await asyncio.gather(observer, return_exceptions=True)
+    assert [leader for leader in seen if leader is not None] == ["c1", "c2"], seen
+
+
+async def test_a_grant_hint_wakes_only_watchers_that_asked_for_grants() -> None:
+    # Acquirers waiting for a release are not sent to be denied by every grant.
+    provider = MemoryLeaseProvider()
+    for_release = await provider.watch_release("k")
+    for_grants = await provider.watch_release("k", grants=True)
+    try:
+        await provider.acquire_lease("k", "alice", 60_000)
+        assert await for_grants.wait(BOUND_S)
+        assert not await for_release.wait(0)
+        await provider.release_lease("k", "alice")
+        assert await for_release.wait(BOUND_S)
+        assert await for_grants.wait(BOUND_S)
+    finally:
+        for_release.close()
+        for_grants.close()
 
 
 async def test_watch_owner_polls_where_there_are_no_notifications(tmp_path: Any) -> None:

@@ -49,6 +49,7 @@ pytest.register_assert_rewrite(
             "_lifecycle",
             "_model",
             "_notifications",
+            "_routing",
             "_semantics",
             "_suite",
             "_url_suite",
@@ -69,6 +70,7 @@ from ._blocking import (  # noqa: E402
 )
 from ._cancellation import CANCEL_CHECKS, RELEASE_GRANT_CHECK  # noqa: E402
 from ._notifications import WAKE_UP_CHECKS  # noqa: E402
+from ._routing import GRANT_HINT_CHECKS, ROUTING_CHECKS  # noqa: E402
 from ._suite import LeaseProviderContract  # noqa: E402
 
 __all__ = [
@@ -76,7 +78,9 @@ __all__ = [
     "BLOCKING_DRIVER_REASON",
     "BLOCKING_DRIVER_SKIPS",
     "CANCEL_CHECKS",
+    "GRANT_HINT_CHECKS",
     "RELEASE_GRANT_CHECK",
+    "ROUTING_CHECKS",
     "WAKE_UP_CHECKS",
     "BlockingLeaseProviderContract",
     "BlockingProviderAsAsync",

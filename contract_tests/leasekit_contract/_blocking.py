@@ -35,6 +35,7 @@ from ._base import BLOCKING_DRIVER_REASON, KeySpace, ProviderFactory
 from ._cancellation import CANCEL_CHECKS
 from ._lifecycle import describe_outcome
 from ._notifications import WAKE_UP_CHECKS
+from ._routing import GRANT_HINT_CHECKS
 from ._suite import LeaseProviderContract
 
 __all__ = [
@@ -50,7 +51,7 @@ __all__ = [
 BlockingProviderFactory = Callable[[], SyncProvider]
 """A zero-argument callable returning a new, unopened blocking provider on one store."""
 
-BLOCKING_DRIVER_SKIPS = CANCEL_CHECKS | WAKE_UP_CHECKS
+BLOCKING_DRIVER_SKIPS = CANCEL_CHECKS | WAKE_UP_CHECKS | GRANT_HINT_CHECKS
 """The checks that skip through the blocking driver, each with :data:`BLOCKING_DRIVER_REASON`."""
 
 THREADS = 64
@@ -65,6 +66,7 @@ FORWARDED_EXTRAS = (
     "renew_leases",
     "inspect",
     "lease_remaining_ms",
+    "get_lease_record",
 )
 """The optional extras a blocking provider's wrapper offers when the provider has them."""
 
@@ -115,8 +117,16 @@ class BlockingProviderAsAsync:
     async def _run(self, call: Callable[..., _T], *args: Any) -> _T:
         return await anyio.to_thread.run_sync(call, *args, limiter=self._threads)
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return await self._run(self.blocking.acquire_lease, key, owner, ttl_ms)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        if metadata is None:
+            return await self._run(self.blocking.acquire_lease, key, owner, ttl_ms)
+        acquire: Any = self.blocking.acquire_lease
+        granted: LeaseResult = await self._run(
+            functools.partial(acquire, metadata=metadata), key, owner, ttl_ms
+        )
+        return granted
 
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._run(self.blocking.get_lease_owner, key)
@@ -127,8 +137,22 @@ class BlockingProviderAsAsync:
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._run(self.blocking.renew_lease, key, owner, ttl_ms)
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        return await self._run(self.blocking.transfer_lease, key, from_owner, to_owner, ttl_ms)
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        if metadata is None:
+            return await self._run(self.blocking.transfer_lease, key, from_owner, to_owner, ttl_ms)
+        transfer: Any = self.blocking.transfer_lease
+        handed: bool = await self._run(
+            functools.partial(transfer, metadata=metadata), key, from_owner, to_owner, ttl_ms
+        )
+        return handed
 
     async def aclose(self) -> None:
         await self._run(self.blocking.close)

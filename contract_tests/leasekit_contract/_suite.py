@@ -16,6 +16,7 @@ from ._input import InputChecks
 from ._lifecycle import LifecycleChecks
 from ._model import check_against_model
 from ._notifications import NotificationChecks
+from ._routing import RoutingChecks
 from ._semantics import SemanticsChecks
 
 __all__ = ["LeaseProviderContract"]
@@ -40,6 +41,7 @@ class ModelChecks(ContractBase):
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
     CancellationChecks,
+    RoutingChecks,
     BatchedRenewalChecks,
     LifecycleChecks,
     NotificationChecks,
@@ -81,7 +83,8 @@ class LeaseProviderContract(
     :class:`FencingChecks`, :class:`ConcurrencyChecks` (races, transfer under fire,
     mutual exclusion under churn), :class:`ModelChecks` (stateful property test),
     :class:`NotificationChecks` (wake-ups on release, ``watch_owner``),
-    :class:`LifecycleChecks` (closing), :class:`BatchedRenewalChecks`
+    :class:`LifecycleChecks` (closing), :class:`RoutingChecks` (metadata, records and
+    grant hints, for backends that declare them), :class:`BatchedRenewalChecks`
     (``renew_leases``, for backends that offer it; skipped otherwise) and
     :class:`CancellationChecks` (cancels at random points strand no key).
     """

@@ -53,11 +53,13 @@ async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float) -> None:
 class ReleaseWatch:
     """One waiter's interest in one key, from :meth:`ReleaseHub.watch` until closed."""
 
-    __slots__ = ("_event", "_hub", "_loop", "closed", "key")
+    __slots__ = ("_event", "_hub", "_loop", "closed", "grants", "key")
 
-    def __init__(self, hub: ReleaseHub, key: str) -> None:
+    def __init__(self, hub: ReleaseHub, key: str, *, grants: bool = False) -> None:
         self._hub = hub
         self.key = key
+        self.grants = grants
+        """Whether grant hints wake it too (an owner watcher), not only release hints."""
         self._event = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.closed = False
@@ -127,12 +129,13 @@ class ReleaseHub:
         self._on_first = on_first
         self._on_last = on_last
 
-    def watch(self, key: str) -> ReleaseWatch:
+    def watch(self, key: str, *, grants: bool = False) -> ReleaseWatch:
         """Start watching ``key`` now; close the watch (or use ``with``) when done.
 
-        Called from a coroutine: the watch wakes on that event loop.
+        Called from a coroutine: the watch wakes on that event loop. ``grants=True``
+        wakes it on grant hints too (:meth:`notify` with ``granted=True``).
         """
-        watch = ReleaseWatch(self, key)
+        watch = ReleaseWatch(self, key, grants=grants)
         with self._lock:
             waiters = self._waiters.get(key)
             first = waiters is None
@@ -160,13 +163,21 @@ class ReleaseHub:
         """The keys someone is waiting for now."""
         return frozenset(self._waiters)
 
-    def notify(self, key: str) -> int:
-        """Wake every waiter of ``key``; returns how many there were."""
+    def notify(self, key: str, *, granted: bool = False) -> int:
+        """Wake the waiters of ``key``; returns how many it woke.
+
+        A release hint (the default) wakes every waiter. ``granted=True`` is a grant
+        hint (the key was taken, so no acquire can succeed now): it wakes only the
+        watches that asked for grants, so acquirers are not sent to be denied again.
+        """
         with self._lock:
-            waiters = list(self._waiters.get(key, ()))
-        for watch in waiters:
+            waiters = self._waiters.get(key)
+            if not waiters:
+                return 0
+            woken = [w for w in waiters if w.grants] if granted else list(waiters)
+        for watch in woken:
             watch._wake()
-        return len(waiters)
+        return len(woken)
 
     def notify_all(self) -> int:
         """Wake every waiter of every key: the channel was lost and may have missed hints."""
@@ -182,11 +193,14 @@ class SupportsReleaseNotifications(Protocol):
 
     Declared with ``Capabilities(release_notifications=True)``. The watch must be live
     when the call returns (the backend's subscription confirmed), so that a release
-    after it is never missed.
+    after it is never missed. A backend that also declares ``grant_notifications``
+    accepts ``grants=True``, and its watch then wakes on grants and transfers as well
+    (callers pass ``grants`` only to such a backend).
     """
 
-    async def watch_release(self, key: str) -> ReleaseWatch:
-        """Start watching ``key`` for hints that it may have become free."""
+    async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
+        """Start watching ``key`` for hints that it may have become free (or, with
+        ``grants``, that it changed hands)."""
         ...
 
 

@@ -10,6 +10,7 @@ __all__ = [
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",
+    "SupportsRecords",
     "SupportsReleaseReport",
     "SupportsSweep",
     "supports",
@@ -18,16 +19,19 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:
-    """One live lease as ``inspect`` reports it: key, holder, fencing token, time left.
+    """One live lease: key, holder, fencing token, time left, and the holder's metadata.
 
-    ``token`` is ``None`` on a backend without fencing; ``remaining_ms`` is the store's
-    own view of the time left when it was read.
+    What ``get_lease_record`` and ``inspect`` report. ``token`` is ``None`` on a backend
+    without fencing; ``remaining_ms`` is the store's own view of the time left when it
+    was read (at least 1); ``metadata`` is what the holder stored with its grant
+    (``None`` when it stored none, or on a backend without ``metadata``).
     """
 
     key: str
     owner: str
     token: int | None
     remaining_ms: int
+    metadata: bytes | None = None
 
 
 class SupportsInspect(Protocol):
@@ -43,6 +47,17 @@ class SupportsMigrate(Protocol):
 
     async def migrate(self) -> object:
         """Create or upgrade the schema; idempotent."""
+        ...
+
+
+class SupportsRecords(Protocol):
+    """A backend that reads a lease's whole record in one round trip.
+
+    Every backend that declares ``Capabilities(metadata=True)`` has it.
+    """
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key`` (owner, token, metadata, time left), ``None`` if free."""
         ...
 
 
@@ -78,6 +93,7 @@ class SupportsFlush(Protocol):
 _EXTRAS: dict[object, str] = {
     SupportsInspect: "inspect",
     SupportsMigrate: "migrate",
+    SupportsRecords: "get_lease_record",
     SupportsReleaseReport: "release_if_held",
     SupportsSweep: "sweep",
     SupportsFlush: "flush",

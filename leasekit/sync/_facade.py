@@ -16,10 +16,16 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from .. import _hooks
 from .._capabilities import Capabilities, capabilities_of
-from .._contract import LeaseProvider, LeaseResult
+from .._contract import LeaseProvider, LeaseResult, metadata_for
 from .._errors import BackendLacksCapability, LeaseProviderClosed
 from ..backend._fork import keep_forever, on_fork_in_child
-from ..backend._records import LeaseRecord, SupportsInspect, SupportsReleaseReport, supports
+from ..backend._records import (
+    LeaseRecord,
+    SupportsInspect,
+    SupportsRecords,
+    SupportsReleaseReport,
+    supports,
+)
 from ..backend._sync import SyncProvider
 from ._loop import LoopThread, stop_abandoned
 
@@ -198,9 +204,21 @@ class SyncLeaseProvider:
 
     # -- the contract ----------------------------------------------------------------------
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        """Blocking :meth:`leasekit.LeaseProvider.acquire_lease`."""
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        """Blocking :meth:`leasekit.LeaseProvider.acquire_lease`.
+
+        ``metadata`` is stored with the grant on a backend with ``Capabilities.metadata``
+        (else :class:`~leasekit.BackendLacksCapability`, before any I/O).
+        """
         native = self._native
+        if metadata is not None:
+            data = metadata_for(self, metadata)
+            if native is not None:
+                return native.acquire_lease(key, owner, ttl_ms, metadata=data)  # type: ignore[call-arg]
+            acquire: Callable[..., Awaitable[LeaseResult]] = self.provider.acquire_lease
+            return self.run(acquire, key, owner, ttl_ms, metadata=data)
         if native is not None:
             return native.acquire_lease(key, owner, ttl_ms)
         return self.run(self.provider.acquire_lease, key, owner, ttl_ms)
@@ -226,9 +244,24 @@ class SyncLeaseProvider:
             return native.renew_lease(key, owner, ttl_ms)
         return self.run(self.provider.renew_lease, key, owner, ttl_ms)
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        """Blocking :meth:`leasekit.LeaseProvider.transfer_lease`."""
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        """Blocking :meth:`leasekit.LeaseProvider.transfer_lease`; ``metadata`` replaces
+        the holder's, for the new owner (``Capabilities.metadata``)."""
         native = self._native
+        if metadata is not None:
+            data = metadata_for(self, metadata)
+            if native is not None:
+                return native.transfer_lease(key, from_owner, to_owner, ttl_ms, metadata=data)  # type: ignore[call-arg]
+            transfer: Callable[..., Awaitable[bool]] = self.provider.transfer_lease
+            return self.run(transfer, key, from_owner, to_owner, ttl_ms, metadata=data)
         if native is not None:
             return native.transfer_lease(key, from_owner, to_owner, ttl_ms)
         return self.run(self.provider.transfer_lease, key, from_owner, to_owner, ttl_ms)
@@ -272,6 +305,18 @@ class SyncLeaseProvider:
         if method is None:
             raise self._lacks("release_if_held", "atomic release that says whether it released")
         return bool(method(key, owner))
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Blocking :meth:`leasekit.backend.SupportsRecords.get_lease_record`: owner, token,
+        metadata and time left of the live lease of ``key`` in one round trip, or ``None``.
+
+        :class:`~leasekit.BackendLacksCapability` on a backend that cannot read records.
+        """
+        method = self._extra(SupportsRecords, "get_lease_record")
+        if method is None:
+            raise self._lacks("get_lease_record", "way to read a lease's record")
+        record: LeaseRecord | None = method(key)
+        return record
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """Blocking :meth:`leasekit.backend.SupportsInspect.inspect`: live leases in key order.

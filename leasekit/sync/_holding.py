@@ -43,6 +43,7 @@ def wait_for(
     *,
     poll_s: float = DEFAULT_POLL_S,
     max_poll_s: float = DEFAULT_MAX_POLL_S,
+    metadata: bytes | str | None = None,
 ) -> LeaseResult:
     """The blocking :func:`leasekit.wait_for`: wait until acquired, or raise ``LeaseHeld``."""
     facade = facade_of(provider)
@@ -55,6 +56,7 @@ def wait_for(
         timeout_s,
         poll_s=poll_s,
         max_poll_s=max_poll_s,
+        metadata=metadata,
     )
 
 
@@ -98,6 +100,11 @@ class SyncLeaseHold:
     def token(self) -> int | None:
         """The fencing token of the grant (``None`` on a backend without fencing)."""
         return self._lease.token
+
+    @property
+    def metadata(self) -> bytes | None:
+        """The metadata stored with the grant (``None`` if none was given)."""
+        return self._lease.metadata
 
     @property
     def safety_margin_ms(self) -> int:
@@ -202,9 +209,15 @@ class SyncLeaseHold:
         if self.on_lost == "raise" and self.lost.is_set() and exc_type is None:
             raise LeaseLost(key=self.key, owner=self.owner, reason=self.lost_reason)
 
-    def transfer_to(self, next_owner: str, ttl_ms: int | None = None) -> None:
+    def transfer_to(
+        self,
+        next_owner: str,
+        ttl_ms: int | None = None,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> None:
         """Hand the lease to ``next_owner``; see :meth:`leasekit.LeaseHold.transfer_to`."""
-        self._facade.run(self._lease.transfer_to, next_owner, ttl_ms)
+        self._facade.run(self._lease.transfer_to, next_owner, ttl_ms, metadata=metadata)
 
     def __repr__(self) -> str:
         return repr(self._lease).replace("<LeaseHold", "<SyncLeaseHold", 1)
@@ -220,6 +233,7 @@ def hold(
     safety_margin_ms: int | None = None,
     on_lost: SyncOnLost = "flag",
     wait_s: float | None = 0.0,
+    metadata: bytes | str | None = None,
 ) -> SyncLeaseHold:
     """The blocking :func:`leasekit.hold`: a ``with`` block holding ``key`` for ``owner``.
 
@@ -235,7 +249,8 @@ def hold(
     ``.lost`` (a :class:`threading.Event`) is set at the deadline, and the body must
     check it (or ``remaining()``) before each side effect. ``on_lost="raise"`` also raises
     :class:`leasekit.LeaseLost` when the block ends normally after a loss, so work done
-    without the lease does not pass as done with it.
+    without the lease does not pass as done with it. ``metadata`` is stored with the
+    grant, as :func:`leasekit.hold` does.
     """
     facade = facade_of(provider)
     checked: object = on_lost
@@ -254,6 +269,7 @@ def hold(
         safety_margin_ms=safety_margin_ms,
         on_lost="flag",
         wait_s=wait_s,
+        metadata=metadata,
     )
     return SyncLeaseHold(facade, lease, on_lost)
 
@@ -294,6 +310,7 @@ def elect(
     renew_every_ms: int | None = None,
     safety_margin_ms: int | None = None,
     on_lost: SyncOnLost = "flag",
+    metadata: bytes | str | None = None,
 ) -> SyncLeaseHold:
     """The blocking :func:`leasekit.elect`: campaign, then lead inside the ``with`` block.
 
@@ -311,4 +328,5 @@ def elect(
         safety_margin_ms=safety_margin_ms,
         on_lost=on_lost,
         wait_s=timeout_s,
+        metadata=metadata,
     )
