@@ -10,6 +10,9 @@ hidden (today's polling), side by side in one run:
 - **waiting load**: 50 waiters wait on one held key for a few seconds; the requests
   they send to the store per second (counted at the provider boundary: every
   operation is one request).
+- **observer**: ``watch_owner()`` (its default ``poll_s``) watches a free key; another
+  owner's acquire starts at t0, and the observer yields that owner at t1. p50/p99 of
+  t1 - t0: how stale routing to a new owner is (grant notifications against polling).
 
 The peer libraries measured beside leasekit are the URL scheme's
 :attr:`~leasekit.bench.SchemeBench.handoff_peers`, from its bench plugin, when
@@ -25,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import connect, wait_for
+from .. import connect, wait_for, watch_owner
 from .._capabilities import capabilities_of
 from .._contract import LeaseResult
 from .._registry import scheme_of
@@ -42,7 +45,11 @@ class _Counting:
     def __init__(self, inner: Any, *, notifications: bool) -> None:
         self._inner = inner
         caps = capabilities_of(inner)
-        self.capabilities = caps if notifications else replace(caps, release_notifications=False)
+        self.capabilities = (
+            caps
+            if notifications
+            else replace(caps, release_notifications=False, grant_notifications=False)
+        )
         self.requests = 0
         if notifications and caps.release_notifications:
             self.watch_release = inner.watch_release
@@ -87,6 +94,7 @@ class Measure:
     handoff_ms: list[float] = field(default_factory=list)
     takeover_ms: list[float] = field(default_factory=list)
     load_per_waiter: float | None = None
+    observe_ms: list[float] = field(default_factory=list)
 
     @staticmethod
     def _pct(values: list[float], q: float) -> float | None:
@@ -103,6 +111,8 @@ class Measure:
             "takeover_p50_ms": self._pct(self.takeover_ms, 0.5),
             "takeover_max_ms": max(self.takeover_ms) if self.takeover_ms else None,
             "waiting_requests_per_s_per_waiter": self.load_per_waiter,
+            "observe_p50_ms": self._pct(self.observe_ms, 0.5),
+            "observe_p99_ms": self._pct(self.observe_ms, 0.99),
             "rounds": len(self.handoff_ms),
         }
 
@@ -164,7 +174,41 @@ async def _leasekit_measure(
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
         await provider.release_lease(key, "holder")
+        # Polling pays up to poll_s per round: fewer rounds there.
+        rounds = handoffs if notifications and caps.grant_notifications else min(handoffs, 20)
+        measure.observe_ms = await _observe(provider, f"{ns}:o", rounds)
     return measure
+
+
+async def _observe(provider: Any, key: str, rounds: int) -> list[float]:
+    """Latencies (ms) from the start of an acquire to watch_owner() yielding its owner."""
+    seen: asyncio.Queue[tuple[str | None, float]] = asyncio.Queue()
+
+    async def observe() -> None:
+        async for owner in watch_owner(provider, key):
+            seen.put_nowait((owner, time.perf_counter()))
+
+    async def next_seen(wanted: str | None) -> float:
+        while True:
+            owner, at = await asyncio.wait_for(seen.get(), 30.0)
+            if owner == wanted:
+                return at
+
+    observer = asyncio.ensure_future(observe())
+    latencies = []
+    try:
+        await next_seen(None)
+        for index in range(rounds):
+            owner = f"o{index}"
+            t0 = time.perf_counter()
+            await provider.acquire_lease(key, owner, 30_000)
+            latencies.append((await next_seen(owner) - t0) * 1000)
+            await provider.release_lease(key, owner)
+            await next_seen(None)
+    finally:
+        observer.cancel()
+        await asyncio.gather(observer, return_exceptions=True)
+    return latencies
 
 
 async def _measure_all(
@@ -207,7 +251,8 @@ def format_report(report: HandoffReport) -> str:
     """A plain table of the report, one line per contender."""
     lines = [
         f"handoff on {redact_url(report.url)}",
-        f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'takeover p50':>13} {'req/s/waiter':>13}",
+        f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'takeover p50':>13} "
+        f"{'req/s/waiter':>13} {'observer p50':>13} {'observer p99':>13}",
     ]
 
     def show(value: float | None) -> str:
@@ -216,7 +261,8 @@ def format_report(report: HandoffReport) -> str:
     lines.extend(
         f"{row['contender']:40} {show(row['handoff_p50_ms']):>8} "
         f"{show(row['handoff_p99_ms']):>8} {show(row['takeover_p50_ms']):>13} "
-        f"{show(row['waiting_requests_per_s_per_waiter']):>13}"
+        f"{show(row['waiting_requests_per_s_per_waiter']):>13} "
+        f"{show(row['observe_p50_ms']):>13} {show(row['observe_p99_ms']):>13}"
         for row in report.rows()
     )
     return "\n".join(lines)
