@@ -20,14 +20,23 @@ from typing import Any, cast
 
 import leasekit
 
-from .. import available_backends, connect, validate_key, validate_owner, validate_ttl_ms
+from .. import (
+    available_backends,
+    connect,
+    validate_key,
+    validate_metadata,
+    validate_owner,
+    validate_ttl_ms,
+)
 from .._capabilities import capabilities_of
 from .._demo import DemoConfig, Views, run_demo
 from .._errors import LeaseBackendTimeout
 from .._registry import scheme_of
 from ..backend._records import (
+    LeaseRecord,
     SupportsInspect,
     SupportsMigrate,
+    SupportsRecords,
     SupportsReleaseReport,
     supports,
 )
@@ -115,42 +124,80 @@ def _for_reading(url: str) -> dict[str, Any]:
 
 
 def _validate_arguments(args: argparse.Namespace) -> None:
-    """Refuse a bad key, owner or TTL before opening the store (which may create it)."""
+    """Refuse a bad key, owner, TTL or metadata before opening the store (which may create it)."""
     validate_key(args.key)
     for name, argument in (("owner", "owner"), ("from", "from_owner"), ("to", "to_owner")):
         if hasattr(args, name):
             validate_owner(getattr(args, name), argument)
     if hasattr(args, "ttl_ms"):
         validate_ttl_ms(args.ttl_ms)
+    if getattr(args, "metadata", None) is not None:
+        validate_metadata(args.metadata)
+
+
+def _text(metadata: bytes | None) -> str | None:
+    """Metadata for JSON and the terminal: its UTF-8 text, other bytes as backslash escapes."""
+    return None if metadata is None else metadata.decode("utf-8", "backslashreplace")
+
+
+def _record_row(record: LeaseRecord) -> dict[str, Any]:
+    return {**asdict(record), "metadata": _text(record.metadata)}
 
 
 async def lease_command(args: argparse.Namespace) -> int:
     _validate_arguments(args)
     options = _for_reading(args.url) if args.command == "owner" else {}
-    async with connect(args.url, **options) as provider:
+    provider = connect(args.url, **options)  # no I/O until entered
+    if getattr(args, "metadata", None) is not None and not capabilities_of(provider).metadata:
+        await provider.aclose()
+        scheme = args.url.split(":", 1)[0]
+        raise UsageError(f"the backend for {scheme}:// cannot store lease metadata")
+    async with provider:
         if args.command == "acquire":
-            result = await provider.acquire_lease(args.key, args.owner, args.ttl_ms)
+            acquire: Any = provider.acquire_lease
+            if args.metadata is None:
+                result = await acquire(args.key, args.owner, args.ttl_ms)
+            else:
+                result = await acquire(args.key, args.owner, args.ttl_ms, metadata=args.metadata)
+            where = "" if result.metadata is None else f" (metadata {_text(result.metadata)})"
             _emit(
                 args,
-                {"key": args.key, **asdict(result)},
+                {"key": args.key, **asdict(result), "metadata": _text(result.metadata)},
                 f"acquired (token {result.token})"
                 if result.acquired
-                else f"held by {result.owner}",
+                else f"held by {result.owner}{where}",
             )
             return EXIT_OK if result.acquired else EXIT_NO
         if args.command == "owner":
-            owner = await provider.get_lease_owner(args.key)
-            _emit(args, {"key": args.key, "owner": owner}, owner if owner is not None else "free")
-            return EXIT_OK if owner is not None else EXIT_NO
+            return await _owner(args, provider)
         if args.command == "renew":
             renewed = await provider.renew_lease(args.key, args.owner, args.ttl_ms)
             _emit(args, {"key": args.key, "renewed": renewed}, "renewed" if renewed else "not held")
             return EXIT_OK if renewed else EXIT_NO
         if args.command == "release":
             return await _release(args, provider)
-        moved = await provider.transfer_lease(args.key, getattr(args, "from"), args.to, args.ttl_ms)
+        transfer: Any = provider.transfer_lease
+        handover = (args.key, getattr(args, "from"), args.to, args.ttl_ms)
+        if args.metadata is None:
+            moved = await transfer(*handover)
+        else:
+            moved = await transfer(*handover, metadata=args.metadata)
         _emit(args, {"key": args.key, "transferred": moved}, "transferred" if moved else "not held")
         return EXIT_OK if moved else EXIT_NO
+
+
+async def _owner(args: argparse.Namespace, provider: leasekit.LeaseProvider) -> int:
+    """The owner; with ``--json``, the whole record where the backend can read one."""
+    if not supports(provider, SupportsRecords):
+        owner = await provider.get_lease_owner(args.key)
+        _emit(args, {"key": args.key, "owner": owner}, owner if owner is not None else "free")
+        return EXIT_OK if owner is not None else EXIT_NO
+    record = await cast("SupportsRecords", provider).get_lease_record(args.key)
+    if record is None:
+        _emit(args, {"key": args.key, "owner": None}, "free")
+        return EXIT_NO
+    _emit(args, _record_row(record), record.owner)
+    return EXIT_OK
 
 
 async def _release(args: argparse.Namespace, provider: leasekit.LeaseProvider) -> int:
@@ -175,13 +222,14 @@ async def _inspect(args: argparse.Namespace) -> int:
             raise UsageError(f"the backend for {args.url.split(':', 1)[0]}:// cannot list leases")
         records = await cast("SupportsInspect", provider).inspect(args.prefix, limit=args.limit)
     if args.json:
-        print(json.dumps([asdict(r) for r in records]))
+        print(json.dumps([_record_row(r) for r in records]))
     elif not records:
         under = f" under the prefix {args.prefix!r}" if args.prefix else ""
         print(f"no live leases{under}")
     else:
         for r in records:
-            print(f"{r.key}\t{r.owner}\ttoken={r.token}\tremaining_ms={r.remaining_ms}")
+            where = "" if r.metadata is None else f"\tmetadata={_text(r.metadata)}"
+            print(f"{r.key}\t{r.owner}\ttoken={r.token}\tremaining_ms={r.remaining_ms}{where}")
     return EXIT_OK
 
 

@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     backends = commands.add_parser("backends", help="list URL schemes and whether they load")
     backends.add_argument("--json", action="store_true", help="JSON output")
 
-    def lease_command(name: str, help_text: str, *owners: str, ttl: bool) -> None:
+    def lease_command(
+        name: str, help_text: str, *owners: str, ttl: bool, metadata: bool = False
+    ) -> None:
         command = commands.add_parser(name, help=help_text, description=help_text)
         command.add_argument("url", metavar="URL")
         command.add_argument("key", metavar="KEY")
@@ -91,9 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(owner.lower(), metavar=owner)
         if ttl:
             command.add_argument("--ttl-ms", type=_positive_int, required=True)
+        if metadata:
+            command.add_argument(
+                "--metadata",
+                metavar="TEXT",
+                help="store TEXT with the grant (where to route work for KEY)",
+            )
         command.add_argument("--json", action="store_true", help="JSON output")
 
-    lease_command("acquire", "take KEY for OWNER (exit 1 if held elsewhere)", "OWNER", ttl=True)
+    lease_command(
+        "acquire", "take KEY for OWNER (exit 1 if held elsewhere)", "OWNER", ttl=True, metadata=True
+    )
     lease_command("owner", "print the live owner of KEY (exit 1 if free)", ttl=False)
     lease_command("renew", "extend OWNER's lease (exit 1 if not the holder)", "OWNER", ttl=True)
     lease_command("release", "free KEY if OWNER holds it", "OWNER", ttl=False)
@@ -103,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "FROM",
         "TO",
         ttl=True,
+        metadata=True,
     )
 
     inspect = commands.add_parser("inspect", help="list live leases (backends that can list)")
