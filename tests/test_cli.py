@@ -137,6 +137,12 @@ def test_acquire_owner_transfer_renew_release_exit_codes(url: str) -> None:
         (["release", "{url}", "", "a"], "key"),
         (["transfer", "{url}", "k", "", "b", "--ttl-ms", "1000"], "from_owner"),
         (["transfer", "{url}", "k", "a", "", "--ttl-ms", "1000"], "to_owner"),
+        (["acquire", "{url}", "k", "a", "--ttl-ms", "1000", "--metadata", "x" * 4097], "metadata"),
+        (["acquire", "{url}", "k", "a", "--ttl-ms", "1000", "--metadata", "\ud800"], "metadata"),
+        (
+            ["transfer", "{url}", "k", "a", "b", "--ttl-ms", "1", "--metadata", "é" * 2049],
+            "metadata",
+        ),
     ],
 )
 def test_a_bad_argument_is_refused_before_the_store_is_created(
@@ -153,12 +159,53 @@ def test_a_bad_argument_is_refused_before_the_store_is_created(
 
 def test_json_output_is_machine_readable(url: str) -> None:
     first = json.loads(leasekit("acquire", url, "k", "a", "--ttl-ms", "60000", "--json").stdout)
-    assert first == {"key": "k", "acquired": True, "owner": "a", "token": first["token"]}
+    assert first == {
+        "key": "k",
+        "acquired": True,
+        "owner": "a",
+        "token": first["token"],
+        "metadata": None,
+    }
     assert isinstance(first["token"], int)
     second = json.loads(leasekit("acquire", url, "k", "b", "--ttl-ms", "60000", "--json").stdout)
-    assert second == {"key": "k", "acquired": False, "owner": "a", "token": None}
+    assert second == {"key": "k", "acquired": False, "owner": "a", "token": None, "metadata": None}
+    # SQLite reads records: the owner's JSON is the whole record.
     owner = json.loads(leasekit("owner", url, "k", "--json").stdout)
-    assert owner == {"key": "k", "owner": "a"}
+    assert owner == {
+        "key": "k",
+        "owner": "a",
+        "token": first["token"],
+        "remaining_ms": owner["remaining_ms"],
+        "metadata": None,
+    }
+    assert 0 < owner["remaining_ms"] <= 60_000
+    assert json.loads(leasekit("owner", url, "free", "--json").stdout) == {
+        "key": "free",
+        "owner": None,
+    }
+
+
+def test_metadata_is_stored_with_the_grant_and_shown_to_the_denied(url: str) -> None:
+    took = leasekit("acquire", url, "k", "a", "--ttl-ms", "60000", "--metadata", "10.0.0.7:8080")
+    assert took.returncode == 0, took.stderr
+    denied = leasekit("acquire", url, "k", "b", "--ttl-ms", "60000")
+    assert (denied.returncode, denied.stdout.strip()) == (1, "held by a (metadata 10.0.0.7:8080)")
+    record = json.loads(leasekit("owner", url, "k", "--json").stdout)
+    assert (record["owner"], record["metadata"]) == ("a", "10.0.0.7:8080")
+    moved = leasekit("transfer", url, "k", "a", "b", "--ttl-ms", "60000", "--metadata", "héllo")
+    assert moved.returncode == 0, moved.stderr
+    listed = json.loads(leasekit("inspect", url, "--json").stdout)
+    assert [(r["key"], r["owner"], r["metadata"]) for r in listed] == [("k", "b", "héllo")]
+    shown = leasekit("inspect", url).stdout
+    assert "metadata=héllo" in shown
+
+
+def test_metadata_on_a_backend_without_it_is_a_usage_error() -> None:
+    run = leasekit("acquire", "noop://", "k", "a", "--ttl-ms", "1000", "--metadata", "x")
+    assert run.returncode == 2
+    assert (
+        run.stderr.strip() == "leasekit: error: the backend for noop:// cannot store lease metadata"
+    )
 
 
 def test_inspect_lists_live_leases(url: str) -> None:

@@ -11,9 +11,11 @@ parent's provider still works after the fork.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import os
 import signal
+import tempfile
 import time
 import traceback
 import uuid
@@ -49,14 +51,20 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def fork_child(work: Callable[[], Any]) -> tuple[int, int]:
-    """Fork; the child runs ``work()`` and writes its JSON result (or traceback) to a pipe."""
+    """Fork; the child runs ``work()`` and writes its JSON result (or traceback) to a pipe.
+
+    A child still running shortly before :func:`collect` gives up on it writes every
+    thread's stack (faulthandler) to a file the parent reads, so a hang says where.
+    """
     read_fd, write_fd = os.pipe()
+    stacks = tempfile.TemporaryFile()  # noqa: SIM115 (closed by collect)
     with warnings.catch_warnings():
         # Python 3.12+ warns about fork() in a process with threads: that is the point.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # pragma: no cover (the child's coverage is not collected)
         os.close(read_fd)
+        faulthandler.dump_traceback_later(HANG_S - 2, file=stacks)
         code = 0
         try:
             payload = json.dumps({"ok": work()})
@@ -67,12 +75,26 @@ def fork_child(work: Callable[[], Any]) -> tuple[int, int]:
             out.write(payload)
         os._exit(code)
     os.close(write_fd)
+    _stacks[pid] = stacks
     return pid, read_fd
+
+
+HANG_S = 3 * PATIENCE_S
+_stacks: dict[int, Any] = {}
+
+
+def _stacks_of(pid: int) -> str:
+    stacks = _stacks.pop(pid, None)
+    if stacks is None:
+        return ""
+    with stacks:
+        stacks.seek(0)
+        return stacks.read().decode(errors="replace")
 
 
 def collect(children: list[tuple[int, int]]) -> list[Any]:
     """Each child's result; a child still running after the patience is killed: a hang."""
-    deadline = time.monotonic() + 3 * PATIENCE_S
+    deadline = time.monotonic() + HANG_S
     results: list[Any] = []
     hung: list[int] = []
     for pid, read_fd in children:
@@ -89,8 +111,9 @@ def collect(children: list[tuple[int, int]]) -> list[Any]:
             time.sleep(0.02)
         with os.fdopen(read_fd) as stream:
             text = stream.read()
+        stacks = _stacks_of(pid)
         if pid in hung:
-            results.append({"error": f"child {pid} hung"})
+            results.append({"error": f"child {pid} hung; its threads:\n{stacks}"})
             continue
         results.append(json.loads(text) if text else {"error": f"child {pid} exited {status}"})
     errors = [result["error"] for result in results if "error" in result]

@@ -57,33 +57,45 @@ def test_acquire_is_one_upsert_whose_returned_token_is_the_grant() -> None:
     assert result == LeaseResult(True, "a", 7)
     (query,) = script.queries
     assert (query.statement, query.reads) == (_sql.ACQUIRE, "rows")
-    assert query.params == {"key": "k\0é".encode(), "owner": b"a", "ttl_ms": 1500}
+    assert query.params == {
+        "key": "k\0é".encode(),
+        "owner": b"a",
+        "ttl_ms": 1500,
+        "metadata": None,
+    }
+    # Metadata goes with the same statement, and the grant echoes it.
+    result, script = run(_ops.acquire("k", "a", 1500, b"\0host:1"), [(8,)])
+    assert result == LeaseResult(True, "a", 8, b"\0host:1")
+    assert [q.params["metadata"] for q in script.queries] == [b"\0host:1"]
 
 
 def test_a_denied_acquire_reads_the_holder_in_a_statement_of_its_own() -> None:
-    result, script = run(_ops.acquire("k", "a", 1000), [], (b"b",))
+    result, script = run(_ops.acquire("k", "a", 1000), [], (b"b", b"10.0.0.2:80"))
+    assert result == LeaseResult(False, "b", None, b"10.0.0.2:80")
+    assert script.statements == [_sql.ACQUIRE, _sql.HOLDER]
+    result, script = run(_ops.acquire("k", "a", 1000), [], (b"b", None))
     assert result == LeaseResult(False, "b", None)
-    assert script.statements == [_sql.ACQUIRE, _sql.OWNER]
 
 
-@pytest.mark.parametrize("holder", [None, (b"a",)])
+@pytest.mark.parametrize("holder", [None, (b"a", None)])
 def test_a_denial_the_holder_read_cannot_explain_is_decided_again_in_one_transaction(
-    holder: tuple[bytes] | None,
+    holder: tuple[bytes, None] | None,
 ) -> None:
     # Freed in between (None), or now held by the caller itself: both statements again,
     # inside BEGIN IMMEDIATE, so the answer is consistent.
     result, script = run(_ops.acquire("k", "a", 1000), [], holder, None, [(3,)], None)
     assert result == LeaseResult(True, "a", 3)
-    assert script.statements == [_sql.ACQUIRE, _sql.OWNER, BEGIN, _sql.ACQUIRE, COMMIT]
+    assert script.statements == [_sql.ACQUIRE, _sql.HOLDER, BEGIN, _sql.ACQUIRE, COMMIT]
 
-    result, script = run(_ops.acquire("k", "a", 1000), [], holder, None, [], (b"c",), None)
-    assert result == LeaseResult(False, "c", None)
+    replies = ([], holder, None, [], (b"c", b"m"), None)
+    result, script = run(_ops.acquire("k", "a", 1000), *replies)
+    assert result == LeaseResult(False, "c", None, b"m")
     assert script.statements == [
         _sql.ACQUIRE,
-        _sql.OWNER,
+        _sql.HOLDER,
         BEGIN,
         _sql.ACQUIRE,
-        _sql.OWNER,
+        _sql.HOLDER,
         COMMIT,
     ]
 
@@ -93,7 +105,7 @@ def test_a_failure_inside_a_transaction_rolls_it_back_and_propagates() -> None:
     script = Script([[], None, None, failure, None])
     with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
         drive(_ops.acquire("k", "a", 1000), script)
-    assert script.statements == [_sql.ACQUIRE, _sql.OWNER, BEGIN, _sql.ACQUIRE, ROLLBACK]
+    assert script.statements == [_sql.ACQUIRE, _sql.HOLDER, BEGIN, _sql.ACQUIRE, ROLLBACK]
 
 
 def test_a_rollback_that_fails_too_leaves_the_first_error() -> None:
@@ -120,7 +132,18 @@ def test_a_rollback_that_fails_too_leaves_the_first_error() -> None:
         (
             lambda: _ops.transfer("k", "a", "b", 10),
             _sql.TRANSFER,
-            {"key": b"k", "from_owner": b"a", "to_owner": b"b", "ttl_ms": 10},
+            {"key": b"k", "from_owner": b"a", "to_owner": b"b", "ttl_ms": 10, "metadata": None},
+        ),
+        (
+            lambda: _ops.transfer("k", "a", "b", 10, "é"),
+            _sql.TRANSFER,
+            {
+                "key": b"k",
+                "from_owner": b"a",
+                "to_owner": b"b",
+                "ttl_ms": 10,
+                "metadata": "é".encode(),
+            },
         ),
     ],
 )
@@ -180,27 +203,59 @@ def test_renew_many_is_one_transaction_with_each_renewals_own_answer() -> None:
 
 
 def test_inspect_reads_records_in_the_order_given() -> None:
-    rows = [(b"a\0", b"x", 3, 900), (b"b", b"y", 1, 20)]
+    rows = [(b"a\0", b"x", 3, 900, None), (b"b", b"y", 1, 20, b"m")]
     result, script = run(_ops.inspect("a", limit=5), rows)
-    assert result == [LeaseRecord("a\0", "x", 3, 900), LeaseRecord("b", "y", 1, 20)]
+    assert result == [LeaseRecord("a\0", "x", 3, 900), LeaseRecord("b", "y", 1, 20, b"m")]
     assert script.queries[0].params == {"prefix": b"a", "limit": 5}
     assert run(_ops.inspect(None, 1), [])[1].queries[0].params == {"prefix": None, "limit": 1}
 
 
 def test_migrate_creates_the_schema_in_one_transaction_and_reads_its_version() -> None:
-    replies = [None, *(None for _ in _sql.CREATE_SCHEMA), None, (_sql.SCHEMA_VERSION,)]
+    create = [None, *(None for _ in _sql.CREATE_SCHEMA), None]
+    upgrade = [None, (_sql.SCHEMA_VERSION,), None]  # BEGIN, the version: current, COMMIT
+    replies = [*create, *upgrade, (_sql.SCHEMA_VERSION,)]
     result, script = run(_ops.migrate(), *replies)
     assert result == _sql.SCHEMA_VERSION
     assert script.statements == [
         BEGIN,
         *_sql.CREATE_SCHEMA,
         COMMIT,
+        BEGIN,
+        _sql.SCHEMA_VERSION_QUERY,
+        COMMIT,
         _sql.SCHEMA_VERSION_QUERY,
     ]
 
 
+def test_an_older_schema_is_upgraded_in_one_transaction_that_reads_the_version_again() -> None:
+    old = run(_ops.prepare("f.db", create=True), ("wal",), (1,), None, (1,), None, None, None)[1]
+    assert old.statements == [
+        _sql.JOURNAL_MODE,
+        _sql.SCHEMA_VERSION_QUERY,
+        BEGIN,
+        _sql.SCHEMA_VERSION_QUERY,
+        *_sql.UPGRADE_TO_2,
+        COMMIT,
+    ]
+    # Another process upgraded in between: nothing to do once the lock is held.
+    raced = run(_ops.prepare("f.db", create=True), ("wal",), (1,), None, (2,), None)[1]
+    assert raced.statements[2:] == [BEGIN, _sql.SCHEMA_VERSION_QUERY, COMMIT]
+    # Without create, nothing is written: the error says how to upgrade.
+    script = Script([(1,)])
+    with pytest.raises(DatabaseUnavailable, match=r"schema version 1.*leasekit migrate"):
+        drive(_ops.prepare("f.db", create=False), script)
+    assert script.statements == [_sql.SCHEMA_VERSION_QUERY]
+
+
+def test_record_reads_owner_token_time_left_and_metadata_in_one_statement() -> None:
+    result, script = run(_ops.record("k\0"), (b"a", 4, 0, b"\xff"))
+    assert result == LeaseRecord("k\0", "a", 4, 1, b"\xff")  # at least 1 ms while live
+    assert script.queries == [_ops.Query(_sql.RECORD, {"key": b"k\0"})]
+    assert run(_ops.record("k"), None)[0] is None
+
+
 def test_prepare_writes_only_what_a_file_lacks() -> None:
-    ready = run(_ops.prepare("f.db", create=True), ("wal",), (1,))[1]
+    ready = run(_ops.prepare("f.db", create=True), ("wal",), (_sql.SCHEMA_VERSION,))[1]
     assert ready.statements == [_sql.JOURNAL_MODE, _sql.SCHEMA_VERSION_QUERY]
 
     missing = sqlite3.OperationalError("no such table: leasekit_meta")

@@ -192,12 +192,77 @@ async def test_create_schema_is_the_other_sql_backends_name_for_create(tmp_path:
 async def test_migrate_creates_the_tables_idempotently(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     async with SQLiteLeaseProvider(path) as provider:
-        assert await provider.migrate() == 1
-        assert await provider.migrate() == 1
+        assert await provider.migrate() == 2
+        assert await provider.migrate() == 2
     run = _cli("migrate", f"sqlite:///{path}")
     assert run.returncode == 0, run.stdout + run.stderr
     async with SQLiteLeaseProvider(path, create=False) as reader:
         assert await reader.get_lease_owner("k") is None
+
+
+# The tables as the first schema version made them (no metadata column).
+_SCHEMA_1 = """
+CREATE TABLE leasekit_leases (
+    key BLOB PRIMARY KEY NOT NULL, owner BLOB NOT NULL, token INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE leasekit_meta (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+INSERT INTO leasekit_meta VALUES ('token_floor', 0), ('schema_version', 1);
+INSERT INTO leasekit_leases VALUES (
+    CAST('held' AS BLOB), CAST('old-owner' AS BLOB), 41,
+    CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 600000
+);
+"""
+
+
+def _schema_1_file(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(_SCHEMA_1)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("kind", ["async", "blocking"])
+def test_a_file_of_the_first_schema_is_upgraded_and_keeps_its_leases(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "old.db"
+    _schema_1_file(path)
+    url = f"sqlite:///{path}"
+
+    # Reading without create writes nothing, and says how to upgrade.
+    reader = leasekit.sync.connect(url, create=False)
+    with pytest.raises(leasekit.LeaseBackendUnreachable, match=r"schema version 1.*migrate"):
+        reader.get_lease_owner("held")
+    reader.close()
+
+    def use(leases: leasekit.sync.SyncLeaseProvider) -> None:
+        denied = leases.acquire_lease("held", "new", 60_000, metadata=b"m")
+        assert denied == leasekit.LeaseResult(False, "old-owner", None)  # kept, no metadata
+        granted = leases.acquire_lease("fresh", "new", 60_000, metadata=b"10.0.0.9:80")
+        assert granted == leasekit.LeaseResult(True, "new", 1, b"10.0.0.9:80")
+        record = leases.get_lease_record("fresh")
+        assert record is not None
+        assert (record.owner, record.token, record.metadata) == ("new", 1, b"10.0.0.9:80")
+        leases.release_lease("held", "old-owner")
+        assert leases.acquire_lease("held", "new", 60_000).token == 42  # the token goes on
+
+    # The async provider through a facade over it, or the native blocking one.
+    made = (
+        leasekit.sync.wrap(SQLiteLeaseProvider(path), close=True)
+        if kind == "async"
+        else leasekit.sync.connect(url)
+    )
+    with made as leases:
+        assert leases.native is (kind == "blocking")
+        use(leases)
+    with sqlite3.connect(path) as conn:
+        version = conn.execute(
+            "SELECT value FROM leasekit_meta WHERE name = 'schema_version'"
+        ).fetchone()[0]
+    assert version == 2
 
 
 # -- the file --------------------------------------------------------------------------
@@ -212,7 +277,7 @@ async def test_file_uses_wal_and_records_schema_version(
         version = conn.execute(
             "SELECT value FROM leasekit_meta WHERE name = 'schema_version'"
         ).fetchone()[0]
-    assert version == 1
+    assert version == 2
 
 
 async def test_tokens_and_leases_survive_a_new_provider_on_the_same_file(db_path: Path) -> None:
@@ -556,7 +621,7 @@ async def test_each_operation_runs_one_statement_and_a_denial_two(db_path: Path)
         assert (denied.acquired, denied.owner) == (False, "b")
         assert await run(lambda: provider.acquire_lease("k", "c", 60_000)) == [
             "INSERT INTO leasekit_leases",
-            "SELECT owner FROM",
+            "SELECT owner, metadata",
         ]
         assert await run(lambda: provider.release_lease("k", "b")) == ["UPDATE leasekit_leases SET"]
         assert await provider.get_lease_owner("k") is None

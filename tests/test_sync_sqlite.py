@@ -74,7 +74,7 @@ def test_required_capabilities_are_checked_on_the_native_path(tmp_path: Path) ->
 def test_the_blocking_provider_takes_the_same_path_and_options(tmp_path: Path) -> None:
     path = tmp_path / "leases.db"
     with SQLiteSyncLeaseProvider(path, synchronous="normal", sweep_every=1) as leases:
-        assert leases.migrate() == 1
+        assert leases.migrate() == 2
         assert leases.acquire_lease("k", "a", LONG_TTL_MS).acquired
         leases.release_lease("k", "a")  # and a sweep after it
         assert leases.acquire_lease("k", "b", LONG_TTL_MS).acquired

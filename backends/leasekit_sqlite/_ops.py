@@ -25,6 +25,7 @@ from leasekit import (
     InvalidLeaseArgument,
     LeaseResult,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "nothing",
     "owner",
     "prepare",
+    "record",
     "release",
     "release_grant",
     "remaining",
@@ -107,15 +109,31 @@ def _holder(row: Row | None) -> str | None:
     return None if row is None else bytes(row[0]).decode()
 
 
+def _blob(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _denied(row: Row | None) -> tuple[str | None, bytes | None]:
+    """A HOLDER row: the live holder and its metadata, or ``(None, None)``."""
+    if row is None:
+        return None, None
+    return bytes(row[0]).decode(), _blob(row[1])
+
+
 # -- the contract -------------------------------------------------------------------------
 
 
-def acquire(key: str, owner: str, ttl_ms: int) -> Op[LeaseResult]:
-    """Take ``key`` for ``owner``; if denied, a live holder that denies it."""
+def acquire(key: str, owner: str, ttl_ms: int, metadata: bytes | None = None) -> Op[LeaseResult]:
+    """Take ``key`` for ``owner`` with ``metadata``; if denied, a live holder that denies it.
+
+    ``metadata`` is checked here too (:func:`leasekit.validate_metadata`); whether the
+    provider may store it at all is the provider's to check (``metadata_for``).
+    """
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    return _acquire({**key_params(key, owner=owner), "ttl_ms": ttl_ms}, owner)
+    data = None if metadata is None else validate_metadata(metadata)
+    return _acquire({**key_params(key, owner=owner), "ttl_ms": ttl_ms, "metadata": data}, owner)
 
 
 def _acquire(params: dict[str, Any], owner: str) -> Op[LeaseResult]:
@@ -123,24 +141,25 @@ def _acquire(params: dict[str, Any], owner: str) -> Op[LeaseResult]:
     # end, so in autocommit its transaction ends here.
     rows = yield Query(_sql.ACQUIRE, params, "rows")
     if rows:
-        return LeaseResult(True, owner, int(rows[0][0]))
-    # Denied: a live holder other than us had the row. Reading it in a statement of its
-    # own is still a true answer when it names a live holder other than us: an acquire
-    # at that moment would have been denied by it, and the denied ACQUIRE wrote
-    # nothing. Freed in between, or now held by this owner (another call of ours), it
-    # is decided again, both statements in one transaction.
-    holder = _holder((yield Query(_sql.OWNER, params)))
+        return LeaseResult(True, owner, int(rows[0][0]), params["metadata"])
+    # Denied: a live holder other than us had the row. Reading it (and its metadata) in
+    # a statement of its own is still a true answer when it names a live holder other
+    # than us: an acquire at that moment would have been denied by it, and the denied
+    # ACQUIRE wrote nothing. Freed in between, or now held by this owner (another call
+    # of ours), it is decided again, both statements in one transaction.
+    holder, data = _denied((yield Query(_sql.HOLDER, params)))
     if holder is not None and holder != owner:
-        return LeaseResult(False, holder, None)
+        return LeaseResult(False, holder, None, data)
     return (yield from transaction(_acquire_in_transaction(params, owner)))
 
 
 def _acquire_in_transaction(params: dict[str, Any], owner: str) -> Op[LeaseResult]:
     rows = yield Query(_sql.ACQUIRE, params, "rows")
     if rows:
-        return LeaseResult(True, owner, int(rows[0][0]))
+        return LeaseResult(True, owner, int(rows[0][0]), params["metadata"])
     # Same transaction, so the holder seen here is the one that denied us.
-    return LeaseResult(False, _holder((yield Query(_sql.OWNER, params))), None)
+    holder, data = _denied((yield Query(_sql.HOLDER, params)))
+    return LeaseResult(False, holder, None, data)
 
 
 def owner(key: str) -> Op[str | None]:
@@ -182,13 +201,20 @@ def renew(key: str, owner: str, ttl_ms: int) -> Op[bool]:
     return _changed(_sql.RENEW, {**key_params(key, owner=owner), "ttl_ms": ttl_ms})
 
 
-def transfer(key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[bool]:
-    """Hand ``from_owner``'s live lease to ``to_owner``; whether it moved."""
+def transfer(
+    key: str, from_owner: str, to_owner: str, ttl_ms: int, metadata: bytes | None = None
+) -> Op[bool]:
+    """Hand ``from_owner``'s live lease to ``to_owner`` with ``metadata``; whether it moved."""
     validate_key(key)
     validate_owner(from_owner, "from_owner")
     validate_owner(to_owner, "to_owner")
     validate_ttl_ms(ttl_ms)
-    params = {**key_params(key, from_owner=from_owner, to_owner=to_owner), "ttl_ms": ttl_ms}
+    data = None if metadata is None else validate_metadata(metadata)
+    params = {
+        **key_params(key, from_owner=from_owner, to_owner=to_owner),
+        "ttl_ms": ttl_ms,
+        "metadata": data,
+    }
     return _changed(_sql.TRANSFER, params)
 
 
@@ -204,6 +230,22 @@ def remaining(key: str) -> Op[int | None]:
 def _remaining(params: dict[str, Any]) -> Op[int | None]:
     row = yield Query(_sql.REMAINING, params)
     return None if row is None else max(1, int(row[0]))
+
+
+def record(key: str) -> Op[LeaseRecord | None]:
+    """The live lease of ``key`` (remaining milliseconds by the host clock), or ``None``."""
+    validate_key(key)
+    return _record(key, key_params(key))
+
+
+def _record(key: str, params: dict[str, Any]) -> Op[LeaseRecord | None]:
+    row = yield Query(_sql.RECORD, params)
+    if row is None:
+        return None
+    owner_, token, remaining_ms, data = row
+    return LeaseRecord(
+        key, bytes(owner_).decode(), int(token), max(1, int(remaining_ms)), _blob(data)
+    )
 
 
 def renew_many(items: Sequence[RenewItem]) -> Op[list[bool]]:
@@ -239,8 +281,10 @@ def inspect(prefix: str | None = None, limit: int = 1000) -> Op[list[LeaseRecord
 def _inspect(params: dict[str, Any]) -> Op[list[LeaseRecord]]:
     rows = yield Query(_sql.INSPECT, params, "rows")
     return [
-        LeaseRecord(bytes(key).decode(), bytes(owner).decode(), int(token), int(remaining))
-        for key, owner, token, remaining in rows
+        LeaseRecord(
+            bytes(key).decode(), bytes(owner).decode(), int(token), int(remaining), _blob(data)
+        )
+        for key, owner, token, remaining, data in rows
     ]
 
 
@@ -271,7 +315,7 @@ def prepare(path: str, *, create: bool) -> Op[None]:
         if mode != "wal":
             yield Query(_sql.USE_WAL, reads="rows")  # readers and a writer at once
     try:
-        yield Query(_sql.SCHEMA_VERSION_QUERY)
+        (version,) = yield Query(_sql.SCHEMA_VERSION_QUERY)
     except sqlite3.OperationalError as exc:
         if "no such table" not in str(exc):
             raise
@@ -280,11 +324,29 @@ def prepare(path: str, *, create: bool) -> Op[None]:
                 f"{path!r} holds no leasekit tables, and create=false does not create them"
             ) from exc
         yield from transaction(_create_schema())
+        return
+    if int(version) < _sql.SCHEMA_VERSION:
+        if not create:
+            raise DatabaseUnavailable(
+                f"{path!r} holds leasekit tables of schema version {version}, older than "
+                f"this version's {_sql.SCHEMA_VERSION}, and create=false does not upgrade "
+                "them: open it once with create=true, or run `leasekit migrate` on it"
+            )
+        yield from transaction(_upgrade())
+
+
+def _upgrade() -> Op[None]:
+    """Bring the tables to :data:`_sql.SCHEMA_VERSION`, reading the version again first."""
+    (version,) = yield Query(_sql.SCHEMA_VERSION_QUERY)
+    if int(version) < 2:  # the version that added the metadata column
+        for statement in _sql.UPGRADE_TO_2:
+            yield Query(statement, reads="rowcount")
 
 
 def migrate() -> Op[int]:
-    """Create the tables if they are missing (idempotent); the schema version recorded."""
+    """Create the tables if they are missing, or upgrade them (idempotent); the version."""
     yield from transaction(_create_schema())
+    yield from transaction(_upgrade())
     row = yield Query(_sql.SCHEMA_VERSION_QUERY)
     return int(row[0])
 

@@ -61,6 +61,7 @@ CAPABILITIES = Capabilities(
     shared_across_processes=True,
     shared_across_hosts=False,
     persistent=True,
+    metadata=True,
 )
 
 ERRORS = ErrorMap(

@@ -19,6 +19,7 @@ from leasekit.backend import (
     Rebuild,
     RenewItem,
     SyncBackendProvider,
+    metadata_for,
 )
 
 from . import _ops, _options
@@ -124,8 +125,10 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
 
     # -- the contract -------------------------------------------------------------------
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        operation = _ops.acquire(key, owner, ttl_ms)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        operation = _ops.acquire(key, owner, ttl_ms, metadata_for(self, metadata))
         if self._undos:
             await self._after_undo(key, owner)
         return await self._write(operation, key, grant=owner)
@@ -143,14 +146,30 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._write(_ops.renew(key, owner, ttl_ms), key)
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        operation = _ops.transfer(key, from_owner, to_owner, ttl_ms)
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        data = metadata_for(self, metadata)
+        operation = _ops.transfer(key, from_owner, to_owner, ttl_ms, data)
         grant = to_owner if to_owner != from_owner else None  # else a renewal
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
         return await self._write(operation, key, grant=grant)
 
     # -- beyond the contract -------------------------------------------------------------
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key`` with its metadata, ``None`` if free (``SupportsRecords``).
+
+        One statement; ``remaining_ms`` by the host's clock, as SQLite judges expiry.
+        """
+        return await self._run(_ops.record(key), key)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
@@ -228,9 +247,11 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
     def _close_client(self) -> None:
         self._connection.close()
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
         """Blocking :meth:`SQLiteLeaseProvider.acquire_lease`."""
-        return self._write(_ops.acquire(key, owner, ttl_ms), key)
+        return self._write(_ops.acquire(key, owner, ttl_ms, metadata_for(self, metadata)), key)
 
     def get_lease_owner(self, key: str) -> str | None:
         """Blocking :meth:`SQLiteLeaseProvider.get_lease_owner`."""
@@ -248,9 +269,22 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
         """Blocking :meth:`SQLiteLeaseProvider.renew_lease`."""
         return self._write(_ops.renew(key, owner, ttl_ms), key)
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.transfer_lease`."""
-        return self._write(_ops.transfer(key, from_owner, to_owner, ttl_ms), key)
+        data = metadata_for(self, metadata)
+        return self._write(_ops.transfer(key, from_owner, to_owner, ttl_ms, data), key)
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Blocking :meth:`SQLiteLeaseProvider.get_lease_record`."""
+        return self._run(_ops.record(key), key)
 
     def lease_remaining_ms(self, key: str) -> int | None:
         """Blocking :meth:`SQLiteLeaseProvider.lease_remaining_ms`."""

@@ -26,7 +26,8 @@ This module is the statements' text only; ``_ops`` sends them and reads their re
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the first tables; 2: ``leasekit_leases.metadata`` (lease metadata, routing)."""
 
 NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
@@ -42,7 +43,8 @@ CREATE_SCHEMA = (
         key BLOB PRIMARY KEY NOT NULL,
         owner BLOB NOT NULL,
         token INTEGER NOT NULL,
-        expires_at_ms INTEGER NOT NULL
+        expires_at_ms INTEGER NOT NULL,
+        metadata BLOB
     ) WITHOUT ROWID
     """,
     """
@@ -58,6 +60,14 @@ CREATE_SCHEMA = (
 
 SCHEMA_VERSION_QUERY = "SELECT value FROM leasekit_meta WHERE name = 'schema_version'"
 
+# Version 1 to 2, in one IMMEDIATE transaction after reading the version again in it
+# (another process may have upgraded first). Adding a nullable column changes only the
+# schema: SQLite rewrites no row, so this is instant however large the table.
+UPGRADE_TO_2 = (
+    "ALTER TABLE leasekit_leases ADD COLUMN metadata BLOB",
+    "UPDATE leasekit_meta SET value = 2 WHERE name = 'schema_version'",
+)
+
 # WAL lets readers and a writer work at once; it is the file's setting, kept by it.
 JOURNAL_MODE = "PRAGMA journal_mode"
 USE_WAL = "PRAGMA journal_mode = WAL"
@@ -68,16 +78,18 @@ BEGIN = "BEGIN IMMEDIATE"
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
 
-# :key, :owner, :ttl_ms. Inserts a free key, or takes over an expired row (new token)
-# or refreshes the caller's own live lease (same token). A live row of another owner
+# :key, :owner, :ttl_ms, :metadata. Inserts a free key, or takes over an expired row
+# (new token) or refreshes the caller's own live lease (same token); the grant's
+# metadata (NULL for none) is stored with it either way. A live row of another owner
 # fails the WHERE, so nothing is returned and nothing is written.
 ACQUIRE = f"""
-    INSERT INTO leasekit_leases (key, owner, token, expires_at_ms)
+    INSERT INTO leasekit_leases (key, owner, token, expires_at_ms, metadata)
     VALUES (
         :key,
         :owner,
         (SELECT value FROM leasekit_meta WHERE name = 'token_floor') + 1,
-        {NOW_MS} + :ttl_ms
+        {NOW_MS} + :ttl_ms,
+        :metadata
     )
     ON CONFLICT (key) DO UPDATE SET
         token = CASE
@@ -85,7 +97,8 @@ ACQUIRE = f"""
             ELSE token + 1
         END,
         owner = excluded.owner,
-        expires_at_ms = excluded.expires_at_ms
+        expires_at_ms = excluded.expires_at_ms,
+        metadata = excluded.metadata
     WHERE owner = excluded.owner OR expires_at_ms <= {NOW_MS}
     RETURNING token
 """
@@ -93,15 +106,27 @@ ACQUIRE = f"""
 # :key. The live holder, if any.
 OWNER = f"SELECT owner FROM leasekit_leases WHERE key = :key AND expires_at_ms > {NOW_MS}"
 
+# :key. The live holder and its metadata: what a denied acquire returns.
+HOLDER = f"""
+    SELECT owner, metadata FROM leasekit_leases WHERE key = :key AND expires_at_ms > {NOW_MS}
+"""
+
+# :key. The live lease's record: owner, token, remaining milliseconds, metadata.
+RECORD = f"""
+    SELECT owner, token, expires_at_ms - {NOW_MS}, metadata FROM leasekit_leases
+    WHERE key = :key AND expires_at_ms > {NOW_MS}
+"""
+
 # :key, :owner, :ttl_ms. Only the live holder's row matches.
 RENEW = f"""
     UPDATE leasekit_leases SET expires_at_ms = {NOW_MS} + :ttl_ms
     WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
 """
 
-# :key, :owner. Expire the holder's row at once; the row keeps its token (tombstone).
+# :key, :owner. Expire the holder's row at once; the row keeps its token (tombstone),
+# not the released grant's metadata.
 RELEASE = f"""
-    UPDATE leasekit_leases SET expires_at_ms = 0
+    UPDATE leasekit_leases SET expires_at_ms = 0, metadata = NULL
     WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
 """
 
@@ -109,17 +134,19 @@ RELEASE = f"""
 # undo of a grant whose caller was cancelled, leasekit.backend.SupportsReleaseGrant);
 # another grant of the key, even to the same owner, keeps a different token.
 RELEASE_GRANT = f"""
-    UPDATE leasekit_leases SET expires_at_ms = 0
+    UPDATE leasekit_leases SET expires_at_ms = 0, metadata = NULL
     WHERE key = :key AND owner = :owner AND token = :token AND expires_at_ms > {NOW_MS}
 """
 
-# :key, :from_owner, :to_owner, :ttl_ms. One UPDATE moves ownership: the key is
-# never free in between. Transfer to oneself is a renew and keeps the token.
+# :key, :from_owner, :to_owner, :ttl_ms, :metadata. One UPDATE moves ownership: the
+# key is never free in between. Transfer to oneself keeps the token (a renewal); the
+# metadata is the new grant's either way (NULL for none).
 TRANSFER = f"""
     UPDATE leasekit_leases SET
         token = CASE WHEN owner = :to_owner THEN token ELSE token + 1 END,
         owner = :to_owner,
-        expires_at_ms = {NOW_MS} + :ttl_ms
+        expires_at_ms = {NOW_MS} + :ttl_ms,
+        metadata = :metadata
     WHERE key = :key AND owner = :from_owner AND expires_at_ms > {NOW_MS}
 """
 
@@ -150,7 +177,7 @@ SWEEP_START = b""  # the cursor of a pass's first window: every key sorts after 
 
 # :prefix (a BLOB, or NULL for all), :limit. Live leases for `leasekit inspect`.
 INSPECT = f"""
-    SELECT key, owner, token, expires_at_ms - {NOW_MS} FROM leasekit_leases
+    SELECT key, owner, token, expires_at_ms - {NOW_MS}, metadata FROM leasekit_leases
     WHERE expires_at_ms > {NOW_MS}
         AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
     ORDER BY key

@@ -41,11 +41,15 @@ capabilities. Everything else is here, once:
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
 
+- :func:`metadata_for`: checks an acquire's or transfer's ``metadata=`` before any
+  I/O (size, type, and the ``Capabilities.metadata`` the provider declares).
+
 See the guide "Writing a backend" in the documentation.
 """
 
 from __future__ import annotations
 
+from .._contract import metadata_for
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
@@ -130,6 +134,7 @@ __all__ = [
     "drive_async",
     "keep_forever",
     "map_errors",
+    "metadata_for",
     "on_fork_in_child",
     "parse_url",
     "redact_url",
