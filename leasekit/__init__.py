@@ -45,6 +45,7 @@ from ._errors import (
     LeasekitWarning,
     LeaseLost,
     LeaseProviderClosed,
+    SlotLimitMismatch,
     StaleFencingToken,
 )
 from ._hold import LeaseHold, hold
@@ -52,6 +53,7 @@ from ._lock import Lock, LockError, LockNotOwnedError
 from ._memory import MemoryLeaseProvider
 from ._owners import new_owner_id
 from ._registry import BackendInfo, BackendRegistry
+from ._slots import MAX_SLOT_LIMIT, SLOT_HOLDERS_SHOWN, SlotResult, validate_limit
 from ._waiting import wait_for
 from ._watch import elect, leaders, watch_owner
 from .backend._records import LeaseRecord
@@ -68,8 +70,10 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
 __all__ = [
     "MAX_METADATA_BYTES",
     "MAX_NAME_BYTES",
+    "MAX_SLOT_LIMIT",
     "MAX_TTL_MS",
     "NOOP",
+    "SLOT_HOLDERS_SHOWN",
     "BackendInfo",
     "BackendLacksCapability",
     "BackendUnavailable",
@@ -95,6 +99,8 @@ __all__ = [
     "MemoryLeaseProvider",
     "NoopLeaseProvider",
     "RealClock",
+    "SlotLimitMismatch",
+    "SlotResult",
     "StaleFencingToken",
     "__version__",
     "available_backends",
@@ -109,6 +115,7 @@ __all__ = [
     "new_owner_id",
     "register",
     "validate_key",
+    "validate_limit",
     "validate_metadata",
     "validate_owner",
     "validate_ttl_ms",

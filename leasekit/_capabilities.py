@@ -39,6 +39,9 @@ class Capabilities:
       to a denied acquirer in :attr:`LeaseResult.metadata`), and
       ``get_lease_record(key)`` reads owner, token, metadata and time left at once
       (:class:`leasekit.backend.SupportsRecords`).
+    - ``slots``: counting leases: ``acquire_slot(key, owner, ttl_ms, limit=N)`` takes
+      one of ``N`` slots of a key, each with its own owner, TTL and fencing token
+      (:class:`leasekit.backend.SupportsSlots`).
     """
 
     atomic_transfer: bool = False
@@ -52,6 +55,7 @@ class Capabilities:
     release_notifications: bool = False
     grant_notifications: bool = False
     metadata: bool = False
+    slots: bool = False
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -27,6 +27,7 @@ __all__ = [
     "LeaseLost",
     "LeaseProviderClosed",
     "LeasekitWarning",
+    "SlotLimitMismatch",
     "StaleFencingToken",
 ]
 
@@ -210,6 +211,32 @@ class StaleFencingToken(LeaseError):
         self.resource = resource
         self.token = token
         self.current = current
+
+
+class SlotLimitMismatch(LeaseError, ValueError):
+    """A counting lease was asked for with a ``limit`` other than the one its key has.
+
+    The store keeps a key's limit while any of its slots is live; every
+    ``acquire_slot`` of the key must give the same one (``stored_limit``). Nothing was
+    written. Once every slot is free, the next acquire sets the limit anew.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        key: str = "",
+        limit: int | None = None,
+        stored_limit: int | None = None,
+    ) -> None:
+        super().__init__(
+            message
+            or f"{key!r} is a counting lease of limit {stored_limit} while a slot is live; "
+            f"asked with limit {limit}"
+        )
+        self.key = key
+        self.limit = limit
+        self.stored_limit = stored_limit
 
 
 class LeasekitWarning(UserWarning):

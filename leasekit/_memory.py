@@ -19,7 +19,8 @@ from ._contract import (
     validate_owner,
     validate_ttl_ms,
 )
-from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+from ._errors import InvalidLeaseArgument, LeaseProviderClosed, SlotLimitMismatch
+from ._slots import SLOT_HOLDERS_SHOWN, SlotResult, validate_limit
 from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
 from .backend._records import LeaseRecord
@@ -57,6 +58,21 @@ class _MemoryStore:
         self.expiries: list[tuple[int, int, str]] = []
         # Waiters of every provider on this store, woken on release and transfer.
         self.hub = ReleaseHub()
+        # Counting leases, apart from the leases above: key -> its limit and slots.
+        self.slots: dict[str, _SlotKey] = {}
+
+    def live_slots(self, key: str, now_ns: int) -> _SlotKey | None:
+        """The key's live slots (expired ones dropped); ``None`` once none is live."""
+        entry = self.slots.get(key)
+        if entry is None:
+            return None
+        expired = [o for o, lease in entry.holders.items() if lease.expires_ns <= now_ns]
+        for owner in expired:
+            del entry.holders[owner]
+        if not entry.holders:
+            del self.slots[key]
+            return None
+        return entry
 
     def live(self, key: str, now_ns: int) -> _Lease | None:
         lease = self.leases.get(key)
@@ -107,6 +123,12 @@ class _MemoryStore:
                 heapq.heappush(expiries, (lease.expires_ns, token, key))  # renewed since
 
 
+@dataclass(slots=True)
+class _SlotKey:
+    limit: int
+    holders: dict[str, _Lease]  # by owner, in grant order
+
+
 def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
     exact = getattr(clock, "monotonic_ns", None)
     if callable(exact):
@@ -141,6 +163,7 @@ class MemoryLeaseProvider:
         release_notifications=True,
         grant_notifications=True,
         metadata=True,
+        slots=True,
     )
 
     def __init__(
@@ -235,6 +258,98 @@ class MemoryLeaseProvider:
                 return None
             remaining_ms = max(1, -(-(lease.expires_ns - now) // _NS_PER_MS))
             return LeaseRecord(key, lease.owner, lease.token, remaining_ms, lease.metadata)
+
+    # -- counting leases (SupportsSlots) ----------------------------------------------
+
+    async def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``)."""
+        validate_key(key)
+        validate_owner(owner)
+        validate_ttl_ms(ttl_ms)
+        validate_limit(limit)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            entry = store.live_slots(key, now)
+            if entry is not None and entry.limit != limit:
+                raise SlotLimitMismatch(key=key, limit=limit, stored_limit=entry.limit)
+            if entry is None:
+                entry = store.slots[key] = _SlotKey(limit, {})
+            mine = entry.holders.get(owner)
+            if mine is not None:
+                mine.expires_ns = now + ttl_ms * _NS_PER_MS
+                return SlotResult(True, owner, mine.token, len(entry.holders), limit)
+            if len(entry.holders) >= limit:
+                shown = tuple(list(entry.holders)[:SLOT_HOLDERS_SHOWN])
+                return SlotResult(False, None, None, len(entry.holders), limit, shown)
+            store.last_token += 1
+            entry.holders[owner] = _Lease(owner, store.last_token, now + ttl_ms * _NS_PER_MS)
+            return SlotResult(True, owner, store.last_token, len(entry.holders), limit)
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        validate_key(key)
+        validate_owner(owner)
+        validate_ttl_ms(ttl_ms)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            entry = store.live_slots(key, now)
+            mine = None if entry is None else entry.holders.get(owner)
+            if mine is None:
+                return False
+            mine.expires_ns = now + ttl_ms * _NS_PER_MS
+            return True
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one."""
+        validate_key(key)
+        validate_owner(owner)
+        store = self._check()
+        with store.lock:
+            entry = store.live_slots(key, store.clock_ns())
+            if entry is None or entry.holders.pop(owner, None) is None:
+                return False
+            if not entry.holders:
+                del store.slots[key]
+            return True
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot to ``to_owner`` with a new token; whether it moved."""
+        validate_key(key)
+        validate_owner(from_owner, "from_owner")
+        validate_owner(to_owner, "to_owner")
+        validate_ttl_ms(ttl_ms)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            entry = store.live_slots(key, now)
+            mine = None if entry is None else entry.holders.get(from_owner)
+            if entry is None or mine is None:
+                return False
+            if to_owner == from_owner:
+                mine.expires_ns = now + ttl_ms * _NS_PER_MS
+                return True
+            if to_owner in entry.holders:
+                return False
+            del entry.holders[from_owner]
+            store.last_token += 1
+            entry.holders[to_owner] = _Lease(to_owner, store.last_token, now + ttl_ms * _NS_PER_MS)
+            return True
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key``, in grant order."""
+        validate_key(key)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            entry = store.live_slots(key, now)
+            if entry is None:
+                return []
+            return [
+                LeaseRecord(key, o, lease.token, max(1, -(-(lease.expires_ns - now) // _NS_PER_MS)))
+                for o, lease in sorted(entry.holders.items(), key=lambda item: item[1].token)
+            ]
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)

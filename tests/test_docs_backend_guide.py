@@ -26,6 +26,7 @@ from leasekit_contract import (
     BLOCKING_DRIVER_SKIPS,
     RELEASE_GRANT_CHECK,
     ROUTING_CHECKS,
+    SLOT_CHECKS,
     WAKE_UP_CHECKS,
 )
 
@@ -121,7 +122,7 @@ def test_guide_package_passes_the_conformance_suite(guide_package: Path) -> None
         assert counts["failed"] == counts["error"] == 0, output
         assert counts["passed"] >= 100, f"{cls}: the suite hardly ran: {dict(counts)}\n{output}"
         # An in-process store without notifications or metadata: only the
-        # multi-process, the wake-up, the routing (metadata=False) and (without
+        # multi-process, the wake-up, the routing (metadata=False), the slot (slots=False) and (without
         # renew_leases or release_grant) the batched-renewal and release_grant checks
         # may skip; through the blocking driver, also the checks that cannot apply to a
         # blocking call.
@@ -133,6 +134,7 @@ def test_guide_package_passes_the_conformance_suite(guide_package: Path) -> None
             or name.split("[")[0] in BATCHED_RENEWAL_CHECKS
             or name == RELEASE_GRANT_CHECK
             or name.split("[")[0] in ROUTING_CHECKS
+            or name.split("[")[0] in SLOT_CHECKS
             or (blocking and name.split("[")[0] in BLOCKING_DRIVER_SKIPS)
             for name in skipped
         ), (cls, skipped)

@@ -32,6 +32,7 @@ from leasekit_contract import (
     BLOCKING_DRIVER_SKIPS,
     RELEASE_GRANT_CHECK,
     ROUTING_CHECKS,
+    SLOT_CHECKS,
     WAKE_UP_CHECKS,
 )
 
@@ -256,6 +257,7 @@ def assert_whole_suite_passed(run: SuiteRun) -> None:
         "processes" in name
         or name in WAKE_UP_CHECKS
         or name.split("[")[0] in ROUTING_CHECKS
+        or name.split("[")[0] in SLOT_CHECKS
         or name.split("[")[0] in BATCHED_RENEWAL_CHECKS
         or name == RELEASE_GRANT_CHECK
         or (cls.endswith("Blocking") and name.split("[")[0] in BLOCKING_DRIVER_SKIPS)

@@ -51,6 +51,7 @@ pytest.register_assert_rewrite(
             "_notifications",
             "_routing",
             "_semantics",
+            "_slots",
             "_suite",
             "_url_suite",
             "_workers",
@@ -71,6 +72,7 @@ from ._blocking import (  # noqa: E402
 from ._cancellation import CANCEL_CHECKS, RELEASE_GRANT_CHECK  # noqa: E402
 from ._notifications import WAKE_UP_CHECKS  # noqa: E402
 from ._routing import GRANT_HINT_CHECKS, ROUTING_CHECKS  # noqa: E402
+from ._slots import SLOT_CHECKS  # noqa: E402
 from ._suite import LeaseProviderContract  # noqa: E402
 
 __all__ = [
@@ -81,6 +83,7 @@ __all__ = [
     "GRANT_HINT_CHECKS",
     "RELEASE_GRANT_CHECK",
     "ROUTING_CHECKS",
+    "SLOT_CHECKS",
     "WAKE_UP_CHECKS",
     "BlockingLeaseProviderContract",
     "BlockingProviderAsAsync",

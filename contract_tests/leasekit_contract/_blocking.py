@@ -67,6 +67,11 @@ FORWARDED_EXTRAS = (
     "inspect",
     "lease_remaining_ms",
     "get_lease_record",
+    "acquire_slot",
+    "renew_slot",
+    "release_slot",
+    "transfer_slot",
+    "get_slot_holders",
 )
 """The optional extras a blocking provider's wrapper offers when the provider has them."""
 

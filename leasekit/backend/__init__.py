@@ -41,6 +41,8 @@ capabilities. Everything else is here, once:
   one round trip, which :func:`leasekit.hold` uses to coalesce renewals that fall due
   together (at most :data:`RENEW_BATCH_LIMIT` items per call).
 
+- :class:`SupportsSlots`: counting leases (``Capabilities(slots=True)``), checked by
+  the conformance suite's ``SlotChecks``.
 - :func:`metadata_for`: checks an acquire's or transfer's ``metadata=`` before any
   I/O (size, type, and the ``Capabilities.metadata`` the provider declares).
 
@@ -74,6 +76,7 @@ from ._records import (
     SupportsSweep,
     supports,
 )
+from ._slots import SupportsSlots
 from ._sync import (
     SupportsSyncProvider,
     SyncBackendProvider,
@@ -122,6 +125,7 @@ __all__ = [
     "SupportsReleaseReport",
     "SupportsRemaining",
     "SupportsRenewMany",
+    "SupportsSlots",
     "SupportsSweep",
     "SupportsSyncProvider",
     "SupportsUndoGrant",

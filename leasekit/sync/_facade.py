@@ -18,6 +18,7 @@ from .. import _hooks
 from .._capabilities import Capabilities, capabilities_of
 from .._contract import LeaseProvider, LeaseResult, metadata_for
 from .._errors import BackendLacksCapability, LeaseProviderClosed
+from .._slots import SlotResult
 from ..backend._fork import keep_forever, on_fork_in_child
 from ..backend._records import (
     LeaseRecord,
@@ -26,6 +27,7 @@ from ..backend._records import (
     SupportsReleaseReport,
     supports,
 )
+from ..backend._slots import SupportsSlots
 from ..backend._sync import SyncProvider
 from ._loop import LoopThread, stop_abandoned
 
@@ -327,6 +329,36 @@ class SyncLeaseProvider:
         if method is None:
             raise self._lacks("inspect", "way to list its leases")
         records: list[LeaseRecord] = method(prefix, limit=limit)
+        return records
+
+    # -- counting leases (SupportsSlots) ---------------------------------------------------
+
+    def _slots(self, method: str) -> Callable[..., Any]:
+        found = self._extra(SupportsSlots, method)
+        if found is None:
+            raise self._lacks(method, "counting leases")
+        return found
+
+    def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+        """Blocking :meth:`leasekit.backend.SupportsSlots.acquire_slot`: one of ``limit`` slots."""
+        result: SlotResult = self._slots("acquire_slot")(key, owner, ttl_ms, limit=limit)
+        return result
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.backend.SupportsSlots.renew_slot`."""
+        return bool(self._slots("renew_slot")(key, owner, ttl_ms))
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`leasekit.backend.SupportsSlots.release_slot`."""
+        return bool(self._slots("release_slot")(key, owner))
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`leasekit.backend.SupportsSlots.transfer_slot`."""
+        return bool(self._slots("transfer_slot")(key, from_owner, to_owner, ttl_ms))
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`leasekit.backend.SupportsSlots.get_slot_holders`."""
+        records: list[LeaseRecord] = self._slots("get_slot_holders")(key)
         return records
 
     # -- lifecycle -------------------------------------------------------------------------
