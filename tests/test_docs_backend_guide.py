@@ -121,8 +121,8 @@ def test_guide_package_passes_the_conformance_suite(guide_package: Path) -> None
         counts = Counter(by_name.values())
         assert counts["failed"] == counts["error"] == 0, output
         assert counts["passed"] >= 100, f"{cls}: the suite hardly ran: {dict(counts)}\n{output}"
-        # An in-process store without notifications or metadata: only the
-        # multi-process, the wake-up, the routing (metadata=False), the slot (slots=False) and (without
+        # An in-process store without notifications, metadata or slots: only the
+        # multi-process, the wake-up, the routing and slot checks, and (without
         # renew_leases or release_grant) the batched-renewal and release_grant checks
         # may skip; through the blocking driver, also the checks that cannot apply to a
         # blocking call.
