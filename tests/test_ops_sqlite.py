@@ -228,12 +228,14 @@ def test_migrate_creates_the_schema_in_one_transaction_and_reads_its_version() -
 
 
 def test_an_older_schema_is_upgraded_in_one_transaction_that_reads_the_version_again() -> None:
-    old = run(_ops.prepare("f.db", create=True), ("wal",), (1,), None, (1,), None, None, None)[1]
+    writes = [None for _ in (*_sql.CREATE_SCHEMA, *_sql.UPGRADE_TO_2)]
+    old = run(_ops.prepare("f.db", create=True), ("wal",), (1,), None, (1,), *writes, None)[1]
     assert old.statements == [
         _sql.JOURNAL_MODE,
         _sql.SCHEMA_VERSION_QUERY,
         BEGIN,
         _sql.SCHEMA_VERSION_QUERY,
+        *_sql.CREATE_SCHEMA,  # the tables version 2 added (IF NOT EXISTS)
         *_sql.UPGRADE_TO_2,
         COMMIT,
     ]

@@ -248,6 +248,9 @@ def test_a_file_of_the_first_schema_is_upgraded_and_keeps_its_leases(
         assert (record.owner, record.token, record.metadata) == ("new", 1, b"10.0.0.9:80")
         leases.release_lease("held", "old-owner")
         assert leases.acquire_lease("held", "new", 60_000).token == 42  # the token goes on
+        # The counting leases' tables came with the upgrade.
+        assert leases.acquire_slot("pool", "new", 60_000, limit=2).acquired
+        assert [r.owner for r in leases.get_slot_holders("pool")] == ["new"]
 
     # The async provider through a facade over it, or the native blocking one.
     made = (

@@ -22,9 +22,13 @@ from collections.abc import Generator, Sequence
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from leasekit import (
+    SLOT_HOLDERS_SHOWN,
     InvalidLeaseArgument,
     LeaseResult,
+    SlotLimitMismatch,
+    SlotResult,
     validate_key,
+    validate_limit,
     validate_metadata,
     validate_owner,
     validate_ttl_ms,
@@ -39,6 +43,7 @@ __all__ = [
     "Query",
     "Sweeper",
     "acquire",
+    "acquire_slot",
     "inspect",
     "migrate",
     "nothing",
@@ -47,12 +52,16 @@ __all__ = [
     "record",
     "release",
     "release_grant",
+    "release_slot",
     "remaining",
     "renew",
     "renew_many",
+    "renew_slot",
     "row_count",
+    "slot_holders",
     "transaction",
     "transfer",
+    "transfer_slot",
 ]
 
 _T = TypeVar("_T")
@@ -294,6 +303,96 @@ def row_count() -> Op[int]:
     return int(row[0])
 
 
+# -- counting leases -----------------------------------------------------------------------
+
+
+def acquire_slot(key: str, owner: str, ttl_ms: int, limit: int) -> Op[SlotResult]:
+    """Take one of ``limit`` slots of ``key`` for ``owner``, in one IMMEDIATE transaction."""
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    validate_limit(limit)
+    params = {**key_params(key, owner=owner), "ttl_ms": ttl_ms, "limit": limit}
+    return transaction(_acquire_slot(key, owner, limit, params))
+
+
+def _acquire_slot(key: str, owner: str, limit: int, params: dict[str, Any]) -> Op[SlotResult]:
+    yield Query(_sql.SLOT_DROP_EXPIRED, params, "rowcount")
+    stored_limit, last_token, held, mine = yield Query(_sql.SLOT_STATE, params)
+    if held and stored_limit != limit:
+        # Raised inside the transaction: it rolls back, so nothing is written.
+        raise SlotLimitMismatch(key=key, limit=limit, stored_limit=stored_limit)
+    if mine is not None:
+        yield Query(_sql.SLOT_RENEW, params, "rowcount")
+        return SlotResult(True, owner, int(mine), int(held), limit)
+    if held >= limit:
+        window = {"key": params["key"], "holders": SLOT_HOLDERS_SHOWN}
+        rows = yield Query(_sql.SLOT_HOLDERS, window, "rows")
+        holders = tuple(bytes(row[0]).decode() for row in rows)
+        return SlotResult(False, None, None, int(held), limit, holders)
+    token = (last_token or 0) + 1
+    yield Query(
+        _sql.SLOT_KEY_SET, {"key": params["key"], "limit": limit, "token": token}, "rowcount"
+    )
+    yield Query(_sql.SLOT_INSERT, {**params, "token": token}, "rowcount")
+    return SlotResult(True, owner, token, int(held) + 1, limit)
+
+
+def renew_slot(key: str, owner: str, ttl_ms: int) -> Op[bool]:
+    """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    return _changed(_sql.SLOT_RENEW, {**key_params(key, owner=owner), "ttl_ms": ttl_ms})
+
+
+def release_slot(key: str, owner: str) -> Op[bool]:
+    """Free ``owner``'s live slot of ``key``; whether it held one."""
+    validate_key(key)
+    validate_owner(owner)
+    return _changed(_sql.SLOT_RELEASE, key_params(key, owner=owner))
+
+
+def transfer_slot(key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[bool]:
+    """Hand ``from_owner``'s live slot to ``to_owner`` with a new token; whether it moved."""
+    validate_key(key)
+    validate_owner(from_owner, "from_owner")
+    validate_owner(to_owner, "to_owner")
+    validate_ttl_ms(ttl_ms)
+    if from_owner == to_owner:
+        return renew_slot(key, from_owner, ttl_ms)
+    params = {**key_params(key, from_owner=from_owner, to_owner=to_owner), "ttl_ms": ttl_ms}
+    return transaction(_transfer_slot(params))
+
+
+def _transfer_slot(params: dict[str, Any]) -> Op[bool]:
+    yield Query(_sql.SLOT_DROP_EXPIRED, params, "rowcount")
+    _, last_token, _, mine = yield Query(_sql.SLOT_STATE, {**params, "owner": params["from_owner"]})
+    if mine is None:
+        return False
+    _, _, _, theirs = yield Query(_sql.SLOT_STATE, {**params, "owner": params["to_owner"]})
+    if theirs is not None:
+        return False  # the successor holds a slot of its own already
+    token = int(last_token) + 1
+    yield Query(_sql.SLOT_ADVANCE, {"key": params["key"], "token": token}, "rowcount")
+    moved: int = yield Query(_sql.SLOT_TRANSFER, {**params, "token": token}, "rowcount")
+    return moved == 1
+
+
+def slot_holders(key: str) -> Op[list[LeaseRecord]]:
+    """The live slots of ``key`` (time left by the host clock), in grant order."""
+    validate_key(key)
+    return _slot_holders(key, key_params(key))
+
+
+def _slot_holders(key: str, params: dict[str, Any]) -> Op[list[LeaseRecord]]:
+    rows = yield Query(_sql.SLOT_RECORDS, params, "rows")
+    return [
+        LeaseRecord(key, bytes(owner_).decode(), int(token), max(1, int(left)))
+        for owner_, token, left in rows
+    ]
+
+
 # -- the schema ---------------------------------------------------------------------------
 
 
@@ -338,8 +437,8 @@ def prepare(path: str, *, create: bool) -> Op[None]:
 def _upgrade() -> Op[None]:
     """Bring the tables to :data:`_sql.SCHEMA_VERSION`, reading the version again first."""
     (version,) = yield Query(_sql.SCHEMA_VERSION_QUERY)
-    if int(version) < 2:  # the version that added the metadata column
-        for statement in _sql.UPGRADE_TO_2:
+    if int(version) < 2:  # the version that added the metadata column and slot tables
+        for statement in (*_sql.CREATE_SCHEMA, *_sql.UPGRADE_TO_2):
             yield Query(statement, reads="rowcount")
 
 

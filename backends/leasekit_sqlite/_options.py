@@ -62,6 +62,7 @@ CAPABILITIES = Capabilities(
     shared_across_hosts=False,
     persistent=True,
     metadata=True,
+    slots=True,
 )
 
 ERRORS = ErrorMap(

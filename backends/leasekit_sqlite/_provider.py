@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
-from leasekit import Capabilities, LeaseResult
+from leasekit import Capabilities, LeaseResult, SlotResult
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
@@ -171,6 +171,33 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         """
         return await self._run(_ops.record(key), key)
 
+    # -- counting leases (SupportsSlots) ------------------------------------------------
+
+    async def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
+
+        One ``BEGIN IMMEDIATE`` transaction: the key's expired slots dropped, its limit,
+        count and the caller's slot read, and the slot written, with no other writer
+        in between.
+        """
+        return await self._write(_ops.acquire_slot(key, owner, ttl_ms, limit), key)
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._write(_ops.renew_slot(key, owner, ttl_ms), key)
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._write(_ops.release_slot(key, owner), key)
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
+        return await self._write(_ops.transfer_slot(key, from_owner, to_owner, ttl_ms), key)
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key``, in grant order."""
+        return await self._run(_ops.slot_holders(key), key)
+
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
 
@@ -285,6 +312,26 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
     def get_lease_record(self, key: str) -> LeaseRecord | None:
         """Blocking :meth:`SQLiteLeaseProvider.get_lease_record`."""
         return self._run(_ops.record(key), key)
+
+    def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+        """Blocking :meth:`SQLiteLeaseProvider.acquire_slot`."""
+        return self._write(_ops.acquire_slot(key, owner, ttl_ms, limit), key)
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`SQLiteLeaseProvider.renew_slot`."""
+        return self._write(_ops.renew_slot(key, owner, ttl_ms), key)
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`SQLiteLeaseProvider.release_slot`."""
+        return self._write(_ops.release_slot(key, owner), key)
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`SQLiteLeaseProvider.transfer_slot`."""
+        return self._write(_ops.transfer_slot(key, from_owner, to_owner, ttl_ms), key)
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`SQLiteLeaseProvider.get_slot_holders`."""
+        return self._run(_ops.slot_holders(key), key)
 
     def lease_remaining_ms(self, key: str) -> int | None:
         """Blocking :meth:`SQLiteLeaseProvider.lease_remaining_ms`."""

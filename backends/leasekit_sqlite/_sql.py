@@ -27,7 +27,8 @@ This module is the statements' text only; ``_ops`` sends them and reads their re
 from __future__ import annotations
 
 SCHEMA_VERSION = 2
-"""1: the first tables; 2: ``leasekit_leases.metadata`` (lease metadata, routing)."""
+"""1: the first tables; 2: ``leasekit_leases.metadata`` (lease metadata, routing) and the
+counting leases' two tables."""
 
 NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
@@ -53,6 +54,25 @@ CREATE_SCHEMA = (
         value INTEGER NOT NULL
     )
     """,
+    # Counting leases: one row per live (or expired, until the key's next acquire)
+    # slot, and one per key ever used: its limit and the last token it issued, kept
+    # so tokens go on increasing after every slot is freed.
+    """
+    CREATE TABLE IF NOT EXISTS leasekit_slots (
+        key BLOB NOT NULL,
+        owner BLOB NOT NULL,
+        token INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (key, owner)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS leasekit_slot_keys (
+        key BLOB PRIMARY KEY NOT NULL,
+        slot_limit INTEGER NOT NULL,
+        last_token INTEGER NOT NULL
+    ) WITHOUT ROWID
+    """,
     "INSERT OR IGNORE INTO leasekit_meta (name, value) VALUES ('token_floor', 0)",
     "INSERT OR IGNORE INTO leasekit_meta (name, value) "
     f"VALUES ('schema_version', {SCHEMA_VERSION})",
@@ -62,7 +82,8 @@ SCHEMA_VERSION_QUERY = "SELECT value FROM leasekit_meta WHERE name = 'schema_ver
 
 # Version 1 to 2, in one IMMEDIATE transaction after reading the version again in it
 # (another process may have upgraded first). Adding a nullable column changes only the
-# schema: SQLite rewrites no row, so this is instant however large the table.
+# schema: SQLite rewrites no row, so this is instant however large the table. The
+# counting leases' tables come from CREATE_SCHEMA, run first (IF NOT EXISTS).
 UPGRADE_TO_2 = (
     "ALTER TABLE leasekit_leases ADD COLUMN metadata BLOB",
     "UPDATE leasekit_meta SET value = 2 WHERE name = 'schema_version'",
@@ -190,4 +211,71 @@ COUNT_ROWS = "SELECT COUNT(*) FROM leasekit_leases"
 REMAINING = f"""
     SELECT expires_at_ms - {NOW_MS} FROM leasekit_leases
     WHERE key = :key AND expires_at_ms > {NOW_MS}
+"""
+
+# -- counting leases ----------------------------------------------------------------------
+# Each acquire and transfer runs in one BEGIN IMMEDIATE transaction (the file's write
+# lock held throughout): drop the key's expired slots, read its limit, count and the
+# caller's own slot, then write. No other writer comes in between, so the count is
+# exact when the slot is inserted.
+
+# :key. Expired slots of the key go first: what is left is live.
+SLOT_DROP_EXPIRED = f"DELETE FROM leasekit_slots WHERE key = :key AND expires_at_ms <= {NOW_MS}"
+
+# :key, :owner. The key's limit and last token (NULL, NULL for a key never used), how
+# many slots are live, and the caller's token if it holds one.
+SLOT_STATE = """
+    SELECT
+        (SELECT slot_limit FROM leasekit_slot_keys WHERE key = :key),
+        (SELECT last_token FROM leasekit_slot_keys WHERE key = :key),
+        (SELECT COUNT(*) FROM leasekit_slots WHERE key = :key),
+        (SELECT token FROM leasekit_slots WHERE key = :key AND owner = :owner)
+"""
+
+# :key, :limit, :token. The key's limit (live slots agree with it, checked above) and
+# the token just issued.
+SLOT_KEY_SET = """
+    INSERT INTO leasekit_slot_keys (key, slot_limit, last_token) VALUES (:key, :limit, :token)
+    ON CONFLICT (key) DO UPDATE SET
+        slot_limit = excluded.slot_limit,
+        last_token = excluded.last_token
+"""
+
+# :key, :owner, :token, :ttl_ms.
+SLOT_INSERT = f"""
+    INSERT INTO leasekit_slots (key, owner, token, expires_at_ms)
+    VALUES (:key, :owner, :token, {NOW_MS} + :ttl_ms)
+"""
+
+# :key, :owner, :ttl_ms. Only the caller's live slot matches.
+SLOT_RENEW = f"""
+    UPDATE leasekit_slots SET expires_at_ms = {NOW_MS} + :ttl_ms
+    WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
+"""
+
+# :key, :owner. The slot's row goes; its token stays in leasekit_slot_keys.
+SLOT_RELEASE = f"""
+    DELETE FROM leasekit_slots WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
+"""
+
+# :key, :holders. The first live holders, in grant order, for a denial.
+SLOT_HOLDERS = f"""
+    SELECT owner FROM leasekit_slots WHERE key = :key AND expires_at_ms > {NOW_MS}
+    ORDER BY token LIMIT :holders
+"""
+
+# :key, :from_owner, :to_owner, :token, :ttl_ms. The caller's slot, handed on.
+SLOT_TRANSFER = f"""
+    UPDATE leasekit_slots SET owner = :to_owner, token = :token, expires_at_ms = {NOW_MS} + :ttl_ms
+    WHERE key = :key AND owner = :from_owner AND expires_at_ms > {NOW_MS}
+"""
+
+# :key, :token. The last token, after a transfer issued one.
+SLOT_ADVANCE = "UPDATE leasekit_slot_keys SET last_token = :token WHERE key = :key"
+
+# :key. The live slots with the time each has left, in grant order.
+SLOT_RECORDS = f"""
+    SELECT owner, token, expires_at_ms - {NOW_MS} FROM leasekit_slots
+    WHERE key = :key AND expires_at_ms > {NOW_MS}
+    ORDER BY token
 """
