@@ -32,6 +32,7 @@ from ._contract import (
     validate_owner,
     validate_ttl_ms,
 )
+from ._counting import CountingLeaseProvider, counting
 from ._detection import NOOP, NoopLeaseProvider, is_lease_provider, lease_provider_for
 from ._errors import (
     BackendLacksCapability,
@@ -79,6 +80,7 @@ __all__ = [
     "BackendUnavailable",
     "Capabilities",
     "Clock",
+    "CountingLeaseProvider",
     "InvalidLeaseArgument",
     "LeaseBackendError",
     "LeaseBackendTimeout",
@@ -106,6 +108,7 @@ __all__ = [
     "available_backends",
     "capabilities_of",
     "connect",
+    "counting",
     "elect",
     "hold",
     "hookimpl",

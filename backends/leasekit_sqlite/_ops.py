@@ -53,6 +53,7 @@ __all__ = [
     "release",
     "release_grant",
     "release_slot",
+    "release_slot_grant",
     "remaining",
     "renew",
     "renew_many",
@@ -351,6 +352,13 @@ def release_slot(key: str, owner: str) -> Op[bool]:
     validate_key(key)
     validate_owner(owner)
     return _changed(_sql.SLOT_RELEASE, key_params(key, owner=owner))
+
+
+def release_slot_grant(key: str, owner: str, token: int) -> Op[bool]:
+    """Free ``owner``'s live slot of ``key`` only if it carries fencing token ``token``."""
+    validate_key(key)
+    validate_owner(owner)
+    return _changed(_sql.SLOT_RELEASE_GRANT, {**key_params(key, owner=owner), "token": token})
 
 
 def transfer_slot(key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[bool]:

@@ -15,9 +15,11 @@ from leasekit import Capabilities, LeaseResult, SlotResult
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
+    Grant,
     LeaseRecord,
     Rebuild,
     RenewItem,
+    SlotGrant,
     SyncBackendProvider,
     metadata_for,
 )
@@ -109,7 +111,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         await self._connection.close()
 
     def _run(
-        self, operation: _ops.Op[_T], key: str | None, grant: str | None = None
+        self, operation: _ops.Op[_T], key: str | None, grant: Grant | None = None
     ) -> Coroutine[Any, Any, _T]:
         # Not a coroutine of its own (one frame fewer); the connection is looked up after
         # _refuse_if_closed, which gives a forked child (or a new loop) its new one.
@@ -117,7 +119,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         return self._call(self._connection.run(operation), key, grant)
 
     def _write(
-        self, operation: _ops.Op[_T], key: str | None, grant: str | None = None
+        self, operation: _ops.Op[_T], key: str | None, grant: Grant | None = None
     ) -> Coroutine[Any, Any, _T]:
         self._refuse_if_closed()
         operation = self._sweeper.after_write(operation)
@@ -180,7 +182,11 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         count and the caller's slot read, and the slot written, with no other writer
         in between.
         """
-        return await self._write(_ops.acquire_slot(key, owner, ttl_ms, limit), key)
+        operation = _ops.acquire_slot(key, owner, ttl_ms, limit)
+        grant = SlotGrant(owner)
+        if self._undos:
+            await self._after_undo(key, grant)
+        return await self._write(operation, key, grant)
 
     async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
@@ -190,9 +196,17 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         """Free ``owner``'s live slot of ``key``; whether it held one."""
         return await self._write(_ops.release_slot(key, owner), key)
 
+    async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
+        """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
+        return await self._write(_ops.release_slot_grant(key, owner, token), key)
+
     async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
-        return await self._write(_ops.transfer_slot(key, from_owner, to_owner, ttl_ms), key)
+        operation = _ops.transfer_slot(key, from_owner, to_owner, ttl_ms)
+        grant = SlotGrant(to_owner) if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        return await self._write(operation, key, grant)
 
     async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
         """The live slots of ``key``, in grant order."""

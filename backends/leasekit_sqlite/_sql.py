@@ -258,6 +258,13 @@ SLOT_RELEASE = f"""
     DELETE FROM leasekit_slots WHERE key = :key AND owner = :owner AND expires_at_ms > {NOW_MS}
 """
 
+# :key, :owner, :token. SLOT_RELEASE of only the grant carrying this token: the undo
+# of a slot grant whose caller was cancelled.
+SLOT_RELEASE_GRANT = f"""
+    DELETE FROM leasekit_slots
+    WHERE key = :key AND owner = :owner AND token = :token AND expires_at_ms > {NOW_MS}
+"""
+
 # :key, :holders. The first live holders, in grant order, for a denial.
 SLOT_HOLDERS = f"""
     SELECT owner FROM leasekit_slots WHERE key = :key AND expires_at_ms > {NOW_MS}

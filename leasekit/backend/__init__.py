@@ -65,7 +65,7 @@ from ._notify import (
     stop_task,
 )
 from ._operation import Operation, drive, drive_async
-from ._provider import BackendProvider
+from ._provider import BackendProvider, Grant, SlotGrant
 from ._records import (
     LeaseRecord,
     SupportsFlush,
@@ -105,6 +105,7 @@ __all__ = [
     "ErrorMap",
     "FifoGate",
     "ForkAware",
+    "Grant",
     "LeaseRecord",
     "Operation",
     "Option",
@@ -116,6 +117,7 @@ __all__ = [
     "ReleaseHub",
     "ReleaseWatch",
     "RenewItem",
+    "SlotGrant",
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",

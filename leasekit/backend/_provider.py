@@ -47,10 +47,11 @@ import logging
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, NamedTuple, NoReturn, TypeAlias, TypeVar
 
 from .._contract import LeaseResult, validate_key, validate_owner
 from .._errors import LeaseBackendTimeout, LeaseError, LeaseProviderClosed
+from .._slots import SlotResult
 from ._base import ProviderBase
 from ._deadlines import Deadlines, Overdue
 from ._fork import (
@@ -59,7 +60,22 @@ from ._fork import (
 )
 from ._undo import UNDOING
 
-__all__ = ["BackendProvider"]
+__all__ = ["BackendProvider", "Grant", "SlotGrant"]
+
+
+class SlotGrant(NamedTuple):
+    """``grant=`` of a call that may grant a slot of a counting lease to ``owner``.
+
+    Undone (when its caller is cancelled) with ``release_slot_grant(key, owner,
+    token)`` where the provider has it, else ``release_slot(key, owner)``: the slot
+    methods, not the lease ones.
+    """
+
+    owner: str
+
+
+Grant: TypeAlias = "str | SlotGrant"
+"""What a call may grant: a lease to an owner (``str``), or a slot (:class:`SlotGrant`)."""
 
 _T = TypeVar("_T")
 _P = TypeVar("_P", bound="BackendProvider")
@@ -123,9 +139,9 @@ class BackendProvider(ProviderBase):
         self._abandoned: set[asyncio.Future[Any]] = set()
         # (key, owner) -> the undo of a grant of key to owner that its caller never
         # learned of; a new grant of the same (key, owner) waits for it (_after_undo).
-        self._undos: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._undos: dict[tuple[str, Grant], asyncio.Task[None]] = {}
         # (key, owner) -> a timed-out grant call still unwinding, for undo_grant.
-        self._unsettled: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._unsettled: dict[tuple[str, Grant], asyncio.Future[Any]] = {}
         # The abandoned detached calls by key, while they unwind: a later call on the
         # key waits for them (see _call_detached).
         self._abandoned_by_key: dict[str, set[asyncio.Future[Any]]] = {}
@@ -197,7 +213,7 @@ class BackendProvider(ProviderBase):
         )
 
     async def _call(
-        self, awaitable: Awaitable[_T], key: str | None = None, grant: str | None = None
+        self, awaitable: Awaitable[_T], key: str | None = None, grant: Grant | None = None
     ) -> _T:
         """Await one driver call: refused once closed, bounded by ``timeout_s``, errors mapped.
 
@@ -238,7 +254,7 @@ class BackendProvider(ProviderBase):
 
     @types.coroutine
     def _call_detached(  # noqa: PLR0912 (one frame per call: this is every call's hot path)
-        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None, grant: str | None = None
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None = None, grant: Grant | None = None
     ) -> Generator[Any, Any, _T]:
         """Await ``coroutine``; at the deadline, raise without waiting for it to unwind.
 
@@ -323,7 +339,7 @@ class BackendProvider(ProviderBase):
         exc: BaseException,
         watch: Any,
         key: str | None,
-        grant: str | None,
+        grant: Grant | None,
         abandoned: asyncio.Future[Any] | None,
     ) -> BaseException:
         """What a call that raised ``exc`` raises in turn (both call paths end here).
@@ -358,7 +374,7 @@ class BackendProvider(ProviderBase):
             self._drained.set_result(None)
 
     async def _call_in_task(
-        self, coroutine: Coroutine[Any, Any, _T], key: str | None, grant: str | None = None
+        self, coroutine: Coroutine[Any, Any, _T], key: str | None, grant: Grant | None = None
     ) -> _T:
         """:meth:`_call_detached` where a task's own deadline cannot be used: a task per call."""
         loop = asyncio.get_running_loop()
@@ -433,7 +449,7 @@ class BackendProvider(ProviderBase):
         task.add_done_callback(_consume_outcome)
         return task
 
-    def _swallowed(self, key: str | None, grant: str | None, result: object) -> NoReturn:
+    def _swallowed(self, key: str | None, grant: Grant | None, result: object) -> NoReturn:
         """Raise the cancellation a driver swallowed (undoing the grant it answered).
 
         The driver answered although the caller's task was cancelled meanwhile (Python
@@ -449,7 +465,7 @@ class BackendProvider(ProviderBase):
 
     # -- undoing a grant nobody learned of ------------------------------------------------
 
-    async def _after_undo(self, key: str, owner: str) -> None:
+    async def _after_undo(self, key: str, owner: Grant) -> None:
         """Wait for a pending undo of a grant of ``key`` to ``owner`` (bounded by its own).
 
         A backend awaits this before it sends a new grant of ``(key, owner)`` (when
@@ -474,7 +490,7 @@ class BackendProvider(ProviderBase):
         validate_owner(owner)
         self._start_undo(key, owner, self._unsettled.get((key, owner)))
 
-    def _keep_unsettled(self, key: str, owner: str, call: asyncio.Future[Any]) -> None:
+    def _keep_unsettled(self, key: str, owner: Grant, call: asyncio.Future[Any]) -> None:
         """Remember a timed-out grant call still unwinding, so an undo can wait for it."""
         slot = (key, owner)
         self._unsettled[slot] = call
@@ -485,7 +501,7 @@ class BackendProvider(ProviderBase):
 
         call.add_done_callback(forget)
 
-    def _start_undo(self, key: str, owner: str, call: asyncio.Future[Any] | None) -> None:
+    def _start_undo(self, key: str, owner: Grant, call: asyncio.Future[Any] | None) -> None:
         """Undo, in the background, what the interrupted grant ``call`` may have granted."""
         slot = (key, owner)
         context = contextvars.copy_context()
@@ -503,7 +519,7 @@ class BackendProvider(ProviderBase):
     async def _undo(
         self,
         key: str,
-        owner: str,
+        grant: Grant,
         call: asyncio.Future[Any] | None,
         previous: asyncio.Task[None] | None,
     ) -> None:
@@ -515,7 +531,14 @@ class BackendProvider(ProviderBase):
         granted, token = _granted(call)
         if not granted:
             return
-        release_grant = getattr(self, "release_grant", None)
+        if isinstance(grant, SlotGrant):
+            owner = grant.owner
+            release_grant = getattr(self, "release_slot_grant", None)
+            release: Callable[[str, str], Awaitable[Any]] = getattr(self, "release_slot")  # noqa: B009 (not every backend has it)
+        else:
+            owner = grant
+            release_grant = getattr(self, "release_grant", None)
+            release = self.release_lease  # type: ignore[attr-defined]
         failure: LeaseError | None = None
         # A release that times out (a busy pool, a loaded store) is tried again, up to
         # _UNDO_ATTEMPTS times, each bounded by timeout_s: what is left held otherwise
@@ -529,9 +552,9 @@ class BackendProvider(ProviderBase):
                 # The request may still be on its way (written to a socket the driver
                 # then closed, queued on a server thread): release once more after it
                 # had time to land.
-                await self.release_lease(key, owner)  # type: ignore[attr-defined]
+                await release(key, owner)
                 await asyncio.sleep(_UNDO_SETTLE_S)
-                await self.release_lease(key, owner)  # type: ignore[attr-defined]
+                await release(key, owner)
             except LeaseBackendTimeout as exc:  # noqa: PERF203 (rare: a timed-out undo)
                 failure = exc
                 if self._closing:
@@ -697,7 +720,7 @@ def _granted(call: asyncio.Future[Any] | None) -> tuple[bool, int | None]:
     if call is None or not call.done() or call.cancelled() or call.exception() is not None:
         return True, None  # unknown: assume it landed
     result = call.result()
-    if isinstance(result, LeaseResult):
+    if isinstance(result, LeaseResult | SlotResult):
         return result.acquired, result.token
     return result is not False, None
 
