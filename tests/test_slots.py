@@ -197,3 +197,21 @@ async def test_a_limit_mismatch_names_both_limits_and_survives_pickling() -> Non
     )
     assert "limit 2" in str(copy)
     assert isinstance(copy, ValueError)
+
+
+def test_the_slot_benchmark_runs_and_reports_each_row(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "slots.py"
+    url = f"sqlite:///{tmp_path}/bench.db"
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(script), "memory://", url, "--cycles", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split()[0:3] for line in done.stdout.splitlines() if "cycles/s" in line]
+    assert len(rows) == 6, done.stdout
