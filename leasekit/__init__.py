@@ -54,7 +54,13 @@ from ._lock import Lock, LockError, LockNotOwnedError
 from ._memory import MemoryLeaseProvider
 from ._owners import new_owner_id
 from ._registry import BackendInfo, BackendRegistry
-from ._slots import MAX_SLOT_LIMIT, SLOT_HOLDERS_SHOWN, SlotResult, validate_limit
+from ._slots import (
+    EXCLUSIVE_INTENT_MS,
+    MAX_SLOT_LIMIT,
+    SLOT_HOLDERS_SHOWN,
+    SlotResult,
+    validate_limit,
+)
 from ._waiting import wait_for
 from ._watch import elect, leaders, watch_owner
 from .backend._records import LeaseRecord
@@ -69,6 +75,7 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
     from .hookspecs import hookimpl
 
 __all__ = [
+    "EXCLUSIVE_INTENT_MS",
     "MAX_METADATA_BYTES",
     "MAX_NAME_BYTES",
     "MAX_SLOT_LIMIT",

@@ -18,7 +18,7 @@ from typing import Any
 from ._capabilities import Capabilities, capabilities_of
 from ._contract import LeaseResult
 from ._errors import BackendLacksCapability, LeaseProviderClosed
-from ._slots import validate_limit
+from ._slots import check_exclusive, validate_limit
 from .backend._records import LeaseRecord, supports
 from .backend._slots import SupportsSlots
 
@@ -43,8 +43,11 @@ class CountingLeaseProvider:
     that admits only the highest token serves one of them.
     """
 
-    def __init__(self, provider: Any, limit: int, *, close: bool = False) -> None:
+    def __init__(
+        self, provider: Any, limit: int, *, exclusive: bool = False, close: bool = False
+    ) -> None:
         self.limit = validate_limit(limit)
+        self.exclusive = check_exclusive(exclusive)
         caps = capabilities_of(provider)
         if not caps.slots or not supports(provider, SupportsSlots):
             name = getattr(provider, "backend", None) or type(provider).__name__
@@ -79,14 +82,20 @@ class CountingLeaseProvider:
         return self.provider
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        result = await self._slots().acquire_slot(key, owner, ttl_ms, limit=self.limit)
+        slots = self._slots()
+        if self.exclusive:
+            result = await slots.acquire_slot(key, owner, ttl_ms, limit=self.limit, exclusive=True)
+        else:
+            result = await slots.acquire_slot(key, owner, ttl_ms, limit=self.limit)
         if result.acquired:
             return LeaseResult(True, owner, result.token)
         return LeaseResult(False, result.holders[0] if result.holders else None, None)
 
     async def get_lease_owner(self, key: str) -> str | None:
         records: list[LeaseRecord] = await self._slots().get_slot_holders(key)
-        return records[0].owner if len(records) >= self.limit else None
+        if records and (self.exclusive or len(records) >= self.limit):
+            return records[0].owner
+        return None
 
     async def release_lease(self, key: str, owner: str) -> None:
         await self._slots().release_slot(key, owner)
@@ -104,7 +113,7 @@ class CountingLeaseProvider:
     async def lease_remaining_ms(self, key: str) -> int | None:
         """While every slot is taken, milliseconds until the first expires; else ``None``."""
         records: list[LeaseRecord] = await self._slots().get_slot_holders(key)
-        if len(records) < self.limit:
+        if not records or (not self.exclusive and len(records) < self.limit):
             return None
         return min(r.remaining_ms for r in records)
 
@@ -134,15 +143,20 @@ class CountingLeaseProvider:
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
-        return f"CountingLeaseProvider({self.provider!r}, limit={self.limit}{state})"
+        mode = ", exclusive" if self.exclusive else ""
+        return f"CountingLeaseProvider({self.provider!r}, limit={self.limit}{mode}{state})"
 
 
-def counting(provider: Any, limit: int, *, close: bool = False) -> CountingLeaseProvider:
+def counting(
+    provider: Any, limit: int, *, exclusive: bool = False, close: bool = False
+) -> CountingLeaseProvider:
     """``provider``'s keys as counting leases of ``limit`` slots, behind the lease contract.
 
     ``provider`` must declare ``Capabilities(slots=True)`` (else
     :class:`~leasekit.BackendLacksCapability`); ``limit`` is checked at once
-    (:func:`leasekit.validate_limit`). With ``close=True`` the result opens and closes
+    (:func:`leasekit.validate_limit`). With ``exclusive=True`` each acquire takes the
+    whole key (``acquire_slot(..., exclusive=True)``): a writer beside the readers
+    that share the same ``provider`` and ``limit``. With ``close=True`` the result opens and closes
     ``provider`` in its ``async with`` and ``aclose()``.
     """
-    return CountingLeaseProvider(provider, limit, close=close)
+    return CountingLeaseProvider(provider, limit, exclusive=exclusive, close=close)

@@ -20,7 +20,13 @@ from ._contract import (
     validate_ttl_ms,
 )
 from ._errors import InvalidLeaseArgument, LeaseProviderClosed, SlotLimitMismatch
-from ._slots import SLOT_HOLDERS_SHOWN, SlotResult, validate_limit
+from ._slots import (
+    EXCLUSIVE_INTENT_MS,
+    SLOT_HOLDERS_SHOWN,
+    SlotResult,
+    check_exclusive,
+    validate_limit,
+)
 from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
 from .backend._records import LeaseRecord
@@ -36,6 +42,7 @@ class _Lease:
     token: int
     expires_ns: int
     metadata: bytes | None = None
+    exclusive: bool = False  # a slot of a counting lease held exclusively
 
 
 class _MemoryStore:
@@ -69,7 +76,7 @@ class _MemoryStore:
         expired = [o for o, lease in entry.holders.items() if lease.expires_ns <= now_ns]
         for owner in expired:
             del entry.holders[owner]
-        if not entry.holders:
+        if not entry.holders and entry.claimant(now_ns) is None:
             del self.slots[key]
             return None
         return entry
@@ -127,6 +134,13 @@ class _MemoryStore:
 class _SlotKey:
     limit: int
     holders: dict[str, _Lease]  # by owner, in grant order
+    # A denied exclusive acquirer's claim to go next, and when it lapses.
+    intent: str | None = None
+    intent_expires_ns: int = 0
+
+    def claimant(self, now_ns: int) -> str | None:
+        """The owner of a live claim to go next, if any."""
+        return self.intent if self.intent is not None and self.intent_expires_ns > now_ns else None
 
 
 def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
@@ -261,30 +275,55 @@ class MemoryLeaseProvider:
 
     # -- counting leases (SupportsSlots) ----------------------------------------------
 
-    async def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
-        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``)."""
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Take one of ``limit`` slots of ``key``, or the whole key with ``exclusive``.
+
+        ``leasekit.backend.SupportsSlots``; the rules are in ``docs/more-than-one-holder.md``.
+        """
         validate_key(key)
         validate_owner(owner)
         validate_ttl_ms(ttl_ms)
         validate_limit(limit)
+        check_exclusive(exclusive)
         store = self._check()
         with store.lock:
             now = store.clock_ns()
             entry = store.live_slots(key, now)
-            if entry is not None and entry.limit != limit:
+            if entry is not None and entry.holders and entry.limit != limit:
                 raise SlotLimitMismatch(key=key, limit=limit, stored_limit=entry.limit)
             if entry is None:
                 entry = store.slots[key] = _SlotKey(limit, {})
-            mine = entry.holders.get(owner)
-            if mine is not None:
-                mine.expires_ns = now + ttl_ms * _NS_PER_MS
-                return SlotResult(True, owner, mine.token, len(entry.holders), limit)
-            if len(entry.holders) >= limit:
-                shown = tuple(list(entry.holders)[:SLOT_HOLDERS_SHOWN])
-                return SlotResult(False, None, None, len(entry.holders), limit, shown)
-            store.last_token += 1
-            entry.holders[owner] = _Lease(owner, store.last_token, now + ttl_ms * _NS_PER_MS)
-            return SlotResult(True, owner, store.last_token, len(entry.holders), limit)
+            entry.limit = limit
+            expires_ns = now + ttl_ms * _NS_PER_MS
+            holders = entry.holders
+            mine = holders.get(owner)
+            if mine is not None and (mine.exclusive or not exclusive):
+                mine.expires_ns = expires_ns  # the caller's own, as it holds it
+                return SlotResult(True, owner, mine.token, len(holders), limit, (), mine.exclusive)
+            claimant = entry.claimant(now)
+            others = len(holders) - (mine is not None)
+            held_exclusively = any(lease.exclusive for lease in holders.values())
+            if exclusive and not others and claimant in (None, owner):
+                entry.intent = None
+                holders.pop(owner, None)  # a shared slot of the caller's becomes the key
+                store.last_token += 1
+                holders[owner] = _Lease(owner, store.last_token, expires_ns, exclusive=True)
+                return SlotResult(True, owner, store.last_token, 1, limit, (), True)
+            if not exclusive and not held_exclusively and claimant is None and others < limit:
+                store.last_token += 1
+                holders[owner] = _Lease(owner, store.last_token, expires_ns)
+                return SlotResult(True, owner, store.last_token, len(holders), limit)
+            if exclusive and claimant in (None, owner):
+                entry.intent = owner  # goes next: new slots wait for it
+                intent_ms = min(ttl_ms, EXCLUSIVE_INTENT_MS)
+                entry.intent_expires_ns = now + intent_ms * _NS_PER_MS
+            shown = tuple(list(holders)[:SLOT_HOLDERS_SHOWN])
+            waiting = claimant if claimant != owner else None
+            return SlotResult(
+                False, None, None, len(holders), limit, shown, held_exclusively, waiting
+            )
 
     async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
@@ -308,11 +347,7 @@ class MemoryLeaseProvider:
         store = self._check()
         with store.lock:
             entry = store.live_slots(key, store.clock_ns())
-            if entry is None or entry.holders.pop(owner, None) is None:
-                return False
-            if not entry.holders:
-                del store.slots[key]
-            return True
+            return entry is not None and entry.holders.pop(owner, None) is not None
 
     async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``from_owner``'s live slot to ``to_owner`` with a new token; whether it moved."""
@@ -334,7 +369,9 @@ class MemoryLeaseProvider:
                 return False
             del entry.holders[from_owner]
             store.last_token += 1
-            entry.holders[to_owner] = _Lease(to_owner, store.last_token, now + ttl_ms * _NS_PER_MS)
+            entry.holders[to_owner] = _Lease(
+                to_owner, store.last_token, now + ttl_ms * _NS_PER_MS, exclusive=mine.exclusive
+            )
             return True
 
     async def get_slot_holders(self, key: str) -> list[LeaseRecord]:

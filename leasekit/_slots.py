@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from ._errors import InvalidLeaseArgument
 
-__all__ = ["MAX_SLOT_LIMIT", "SLOT_HOLDERS_SHOWN", "SlotResult", "validate_limit"]
+__all__ = [
+    "EXCLUSIVE_INTENT_MS",
+    "MAX_SLOT_LIMIT",
+    "SLOT_HOLDERS_SHOWN",
+    "SlotResult",
+    "check_exclusive",
+    "validate_limit",
+]
 
 MAX_SLOT_LIMIT = 1024
 """The largest ``limit`` a counting lease may have: each slot is a record in the store,
@@ -26,6 +33,13 @@ and a denial reads them."""
 
 SLOT_HOLDERS_SHOWN = 16
 """How many holders a denied ``acquire_slot`` names at most (:attr:`SlotResult.holders`)."""
+
+
+EXCLUSIVE_INTENT_MS = 3000
+"""How long a denied exclusive acquirer's claim to go next lives (or its ``ttl_ms``, if
+shorter): while it does, no new slot is granted to anyone else, so a writer waiting for
+the readers to leave is not starved by new readers. A waiter retrying within it keeps
+its claim; one that stops waiting loses it when it runs out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +51,11 @@ class SlotResult:
     how many slots were live when the store decided (the caller's included when
     granted), ``limit`` the key's limit, and ``holders`` the owners of live slots (at
     most :data:`SLOT_HOLDERS_SHOWN`, in grant order; empty when granted).
+
+    ``exclusive``: the key is held exclusively (by the caller when granted, by the
+    holder when denied). ``waiting``: a denial's cause when it is not the count: the
+    owner of a live claim of a waiting exclusive acquirer, which goes next (``None``
+    otherwise, and on every grant).
     """
 
     acquired: bool
@@ -45,6 +64,8 @@ class SlotResult:
     held: int
     limit: int
     holders: tuple[str, ...] = ()
+    exclusive: bool = False
+    waiting: str | None = None
 
 
 def validate_limit(limit: object, argument: str = "limit") -> int:
@@ -58,3 +79,12 @@ def validate_limit(limit: object, argument: str = "limit") -> int:
             argument, f"must be between 1 and {MAX_SLOT_LIMIT}, got {limit}", limit
         )
     return limit
+
+
+def check_exclusive(exclusive: object) -> bool:
+    """Check ``acquire_slot``'s ``exclusive``: a ``bool``."""
+    if not isinstance(exclusive, bool):
+        raise InvalidLeaseArgument.for_argument(
+            "exclusive", f"must be a bool, got {type(exclusive).__name__}", exclusive
+        )
+    return exclusive

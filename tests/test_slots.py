@@ -215,3 +215,38 @@ def test_the_slot_benchmark_runs_and_reports_each_row(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = [line.split()[0:3] for line in done.stdout.splitlines() if "cycles/s" in line]
     assert len(rows) == 6, done.stdout
+
+
+async def test_a_writer_waiting_in_hold_is_not_starved_by_new_readers(url: str) -> None:
+    # Readers come and go on the key without a pause; a writer waiting in hold() gets
+    # in as soon as the readers it found are gone, because its claim turns new ones away.
+    async with leasekit.connect(url) as provider:
+        readers = leasekit.counting(provider, 4)
+        writer = leasekit.counting(provider, 4, exclusive=True)
+        stop = asyncio.Event()
+        turned_away = 0
+
+        async def reader(index: int) -> None:
+            nonlocal turned_away
+            round_ = 0
+            while not stop.is_set():
+                round_ += 1
+                result = await readers.acquire_lease("doc", f"r{index}-{round_}", LONG_MS)
+                if not result.acquired:
+                    turned_away += 1
+                    await asyncio.sleep(0.005)
+                    continue
+                await asyncio.sleep(0.01)
+                await readers.release_lease("doc", f"r{index}-{round_}")
+
+        tasks = [asyncio.create_task(reader(i)) for i in range(4)]
+        await asyncio.sleep(0.05)
+        try:
+            async with leasekit.hold(writer, "doc", "w", LONG_MS, wait_s=30) as held:
+                seen = await provider.get_slot_holders("doc")  # type: ignore[attr-defined]
+                assert [r.owner for r in seen] == ["w"]
+                assert held.token is not None
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        assert turned_away > 0  # readers were turned away while the writer waited or held

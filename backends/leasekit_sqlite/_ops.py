@@ -22,6 +22,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from leasekit import (
+    EXCLUSIVE_INTENT_MS,
     SLOT_HOLDERS_SHOWN,
     InvalidLeaseArgument,
     LeaseResult,
@@ -33,7 +34,7 @@ from leasekit import (
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import LeaseRecord, RenewItem, check_renew_items
+from leasekit.backend import LeaseRecord, RenewItem, check_exclusive, check_renew_items
 
 from . import _sql
 from ._options import DatabaseUnavailable
@@ -307,36 +308,56 @@ def row_count() -> Op[int]:
 # -- counting leases -----------------------------------------------------------------------
 
 
-def acquire_slot(key: str, owner: str, ttl_ms: int, limit: int) -> Op[SlotResult]:
-    """Take one of ``limit`` slots of ``key`` for ``owner``, in one IMMEDIATE transaction."""
+def acquire_slot(
+    key: str, owner: str, ttl_ms: int, limit: int, exclusive: bool = False
+) -> Op[SlotResult]:
+    """Take one of ``limit`` slots of ``key`` (or, ``exclusive``, the key) for ``owner``.
+
+    One IMMEDIATE transaction: the key's expired slots dropped, its state read, and the
+    decision (the rules of ``leasekit.backend.SupportsSlots``) written.
+    """
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     validate_limit(limit)
+    check_exclusive(exclusive)
     params = {**key_params(key, owner=owner), "ttl_ms": ttl_ms, "limit": limit}
-    return transaction(_acquire_slot(key, owner, limit, params))
+    return transaction(_acquire_slot(key, owner, limit, exclusive, params))
 
 
-def _acquire_slot(key: str, owner: str, limit: int, params: dict[str, Any]) -> Op[SlotResult]:
+def _acquire_slot(
+    key: str, owner: str, limit: int, exclusive: bool, params: dict[str, Any]
+) -> Op[SlotResult]:
     yield Query(_sql.SLOT_DROP_EXPIRED, params, "rowcount")
-    stored_limit, last_token, held, mine = yield Query(_sql.SLOT_STATE, params)
+    state = yield Query(_sql.SLOT_STATE, params)
+    stored_limit, last_token, held, mine, mine_exclusive, exclusives, claim = state
     if held and stored_limit != limit:
         # Raised inside the transaction: it rolls back, so nothing is written.
         raise SlotLimitMismatch(key=key, limit=limit, stored_limit=stored_limit)
-    if mine is not None:
-        yield Query(_sql.SLOT_RENEW, params, "rowcount")
-        return SlotResult(True, owner, int(mine), int(held), limit)
-    if held >= limit:
-        window = {"key": params["key"], "holders": SLOT_HOLDERS_SHOWN}
-        rows = yield Query(_sql.SLOT_HOLDERS, window, "rows")
-        holders = tuple(bytes(row[0]).decode() for row in rows)
-        return SlotResult(False, None, None, int(held), limit, holders)
+    if mine is not None and (mine_exclusive or not exclusive):
+        yield Query(_sql.SLOT_RENEW, params, "rowcount")  # the caller's own, as it holds it
+        return SlotResult(True, owner, int(mine), int(held), limit, (), bool(mine_exclusive))
+    claimant = None if claim is None else bytes(claim).decode()
+    others = int(held) - (mine is not None)
     token = (last_token or 0) + 1
-    yield Query(
-        _sql.SLOT_KEY_SET, {"key": params["key"], "limit": limit, "token": token}, "rowcount"
-    )
-    yield Query(_sql.SLOT_INSERT, {**params, "token": token}, "rowcount")
-    return SlotResult(True, owner, token, int(held) + 1, limit)
+    key_set = {"key": params["key"], "limit": limit, "token": token}
+    if exclusive and not others and claimant in (None, owner):
+        yield Query(_sql.SLOT_DROP_MINE, params, "rowcount")  # its shared slot, if any
+        yield Query(_sql.SLOT_KEY_SET, key_set, "rowcount")
+        yield Query(_sql.SLOT_INSERT, {**params, "token": token, "exclusive": 1}, "rowcount")
+        return SlotResult(True, owner, token, 1, limit, (), True)
+    if not exclusive and not exclusives and claimant is None and others < limit:
+        yield Query(_sql.SLOT_KEY_SET, key_set, "rowcount")
+        yield Query(_sql.SLOT_INSERT, {**params, "token": token, "exclusive": 0}, "rowcount")
+        return SlotResult(True, owner, token, int(held) + 1, limit)
+    if exclusive and claimant in (None, owner):
+        claim_params = {**params, "intent_ms": min(params["ttl_ms"], EXCLUSIVE_INTENT_MS)}
+        yield Query(_sql.SLOT_CLAIM, claim_params, "rowcount")
+    window = {"key": params["key"], "holders": SLOT_HOLDERS_SHOWN}
+    rows = yield Query(_sql.SLOT_HOLDERS, window, "rows")
+    holders = tuple(bytes(row[0]).decode() for row in rows)
+    waiting = claimant if claimant != owner else None
+    return SlotResult(False, None, None, int(held), limit, holders, bool(exclusives), waiting)
 
 
 def renew_slot(key: str, owner: str, ttl_ms: int) -> Op[bool]:
@@ -375,11 +396,12 @@ def transfer_slot(key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[b
 
 def _transfer_slot(params: dict[str, Any]) -> Op[bool]:
     yield Query(_sql.SLOT_DROP_EXPIRED, params, "rowcount")
-    _, last_token, _, mine = yield Query(_sql.SLOT_STATE, {**params, "owner": params["from_owner"]})
+    from_state = yield Query(_sql.SLOT_STATE, {**params, "owner": params["from_owner"]})
+    last_token, mine = from_state[1], from_state[3]
     if mine is None:
         return False
-    _, _, _, theirs = yield Query(_sql.SLOT_STATE, {**params, "owner": params["to_owner"]})
-    if theirs is not None:
+    to_state = yield Query(_sql.SLOT_STATE, {**params, "owner": params["to_owner"]})
+    if to_state[3] is not None:
         return False  # the successor holds a slot of its own already
     token = int(last_token) + 1
     yield Query(_sql.SLOT_ADVANCE, {"key": params["key"], "token": token}, "rowcount")

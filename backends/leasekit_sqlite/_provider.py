@@ -175,14 +175,16 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
 
     # -- counting leases (SupportsSlots) ------------------------------------------------
 
-    async def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
         """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
 
         One ``BEGIN IMMEDIATE`` transaction: the key's expired slots dropped, its limit,
         count and the caller's slot read, and the slot written, with no other writer
         in between.
         """
-        operation = _ops.acquire_slot(key, owner, ttl_ms, limit)
+        operation = _ops.acquire_slot(key, owner, ttl_ms, limit, exclusive)
         grant = SlotGrant(owner)
         if self._undos:
             await self._after_undo(key, grant)
@@ -327,9 +329,11 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
         """Blocking :meth:`SQLiteLeaseProvider.get_lease_record`."""
         return self._run(_ops.record(key), key)
 
-    def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
         """Blocking :meth:`SQLiteLeaseProvider.acquire_slot`."""
-        return self._write(_ops.acquire_slot(key, owner, ttl_ms, limit), key)
+        return self._write(_ops.acquire_slot(key, owner, ttl_ms, limit, exclusive), key)
 
     def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.renew_slot`."""

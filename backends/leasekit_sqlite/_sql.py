@@ -63,6 +63,7 @@ CREATE_SCHEMA = (
         owner BLOB NOT NULL,
         token INTEGER NOT NULL,
         expires_at_ms INTEGER NOT NULL,
+        exclusive INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (key, owner)
     ) WITHOUT ROWID
     """,
@@ -70,7 +71,9 @@ CREATE_SCHEMA = (
     CREATE TABLE IF NOT EXISTS leasekit_slot_keys (
         key BLOB PRIMARY KEY NOT NULL,
         slot_limit INTEGER NOT NULL,
-        last_token INTEGER NOT NULL
+        last_token INTEGER NOT NULL,
+        intent BLOB,
+        intent_expires_at_ms INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID
     """,
     "INSERT OR IGNORE INTO leasekit_meta (name, value) VALUES ('token_floor', 0)",
@@ -223,28 +226,44 @@ REMAINING = f"""
 SLOT_DROP_EXPIRED = f"DELETE FROM leasekit_slots WHERE key = :key AND expires_at_ms <= {NOW_MS}"
 
 # :key, :owner. The key's limit and last token (NULL, NULL for a key never used), how
-# many slots are live, and the caller's token if it holds one.
-SLOT_STATE = """
+# many slots are live, the caller's token and mode if it holds one, whether the key is
+# held exclusively, and the owner of a live claim to go next (an exclusive waiter's).
+SLOT_STATE = f"""
     SELECT
         (SELECT slot_limit FROM leasekit_slot_keys WHERE key = :key),
         (SELECT last_token FROM leasekit_slot_keys WHERE key = :key),
         (SELECT COUNT(*) FROM leasekit_slots WHERE key = :key),
-        (SELECT token FROM leasekit_slots WHERE key = :key AND owner = :owner)
+        (SELECT token FROM leasekit_slots WHERE key = :key AND owner = :owner),
+        (SELECT exclusive FROM leasekit_slots WHERE key = :key AND owner = :owner),
+        (SELECT COUNT(*) FROM leasekit_slots WHERE key = :key AND exclusive),
+        (SELECT intent FROM leasekit_slot_keys
+            WHERE key = :key AND intent_expires_at_ms > {NOW_MS})
 """
 
 # :key, :limit, :token. The key's limit (live slots agree with it, checked above) and
-# the token just issued.
+# the token just issued. A grant is made only with no live claim but the grantee's, so
+# the claim, if any, is spent or stale: cleared.
 SLOT_KEY_SET = """
     INSERT INTO leasekit_slot_keys (key, slot_limit, last_token) VALUES (:key, :limit, :token)
     ON CONFLICT (key) DO UPDATE SET
         slot_limit = excluded.slot_limit,
-        last_token = excluded.last_token
+        last_token = excluded.last_token,
+        intent = NULL
 """
 
-# :key, :owner, :token, :ttl_ms.
+# :key, :owner, :token, :ttl_ms, :exclusive.
 SLOT_INSERT = f"""
-    INSERT INTO leasekit_slots (key, owner, token, expires_at_ms)
-    VALUES (:key, :owner, :token, {NOW_MS} + :ttl_ms)
+    INSERT INTO leasekit_slots (key, owner, token, expires_at_ms, exclusive)
+    VALUES (:key, :owner, :token, {NOW_MS} + :ttl_ms, :exclusive)
+"""
+
+# :key, :owner. The caller's shared slot, which its exclusive grant replaces.
+SLOT_DROP_MINE = "DELETE FROM leasekit_slots WHERE key = :key AND owner = :owner"
+
+# :key, :owner, :intent_ms. A denied exclusive acquirer's claim to go next.
+SLOT_CLAIM = f"""
+    UPDATE leasekit_slot_keys SET intent = :owner, intent_expires_at_ms = {NOW_MS} + :intent_ms
+    WHERE key = :key
 """
 
 # :key, :owner, :ttl_ms. Only the caller's live slot matches.

@@ -43,7 +43,7 @@ from ._base import (
 from ._concurrency import PROCESS_START_TIMEOUT_S
 from ._workers import BARRIER_TIMEOUT_S, Report, open_provider, run_in_processes
 
-__all__ = ["SLOT_CHECKS", "SlotChecks"]
+__all__ = ["SLOT_CHECKS", "SharedExclusiveChecks", "SlotChecks"]
 
 LIMIT = 3
 TASKS = 16
@@ -345,5 +345,137 @@ class SlotChecks(ContractBase):
         assert await _holders(provider, key) == []
 
 
-SLOT_CHECKS = frozenset(name for name in vars(SlotChecks) if name.startswith("test_"))
+class SharedExclusiveChecks(ContractBase):
+    """``acquire_slot(..., exclusive=True)``: one writer alone, readers share, and a
+    waiting writer is not starved by new readers."""
+
+    async def test_exclusive_waits_for_every_holder_then_holds_alone(
+        self, provider: LeaseProvider
+    ) -> None:
+        t = _require_slots(provider)
+        p: Any = provider
+        key = KeySpace()("rw")
+        _granted(await p.acquire_slot(key, "r1", t.long_ttl_ms, limit=4), "r1", "reader")
+        denied = await p.acquire_slot(key, "w", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (denied.acquired, denied.held, denied.exclusive, denied.holders) == (
+            False,
+            1,
+            False,
+            ("r1",),
+        ), denied
+        assert await p.release_slot(key, "r1") is True
+        w = await p.acquire_slot(key, "w", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (w.acquired, w.exclusive, w.held) == (True, True, 1), w
+        # Held exclusively: nobody else gets a slot, shared or exclusive.
+        reader = await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4)
+        assert (reader.acquired, reader.exclusive, reader.holders) == (False, True, ("w",))
+        other = await p.acquire_slot(key, "w2", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (other.acquired, other.exclusive) == (False, True), other
+        # The writer's own acquire refreshes it, exclusive still, same token.
+        again = await p.acquire_slot(key, "w", t.long_ttl_ms, limit=4)
+        assert (again.acquired, again.token, again.exclusive) == (True, w.token, True), again
+        assert await p.release_slot(key, "w") is True
+        # w2's denied exclusive acquire claimed the next turn: r2 waits for it.
+        late = await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4)
+        assert (late.acquired, late.waiting) == (False, "w2"), late
+        w2 = await p.acquire_slot(key, "w2", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (w2.acquired, w2.exclusive) == (True, True), w2
+        assert await p.release_slot(key, "w2") is True
+        _granted(await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4), "r2", "after")
+
+    async def test_a_waiting_writer_stops_new_readers_and_goes_next(
+        self, provider: LeaseProvider
+    ) -> None:
+        t = _require_slots(provider)
+        p: Any = provider
+        key = KeySpace()("rw-starve")
+        _granted(await p.acquire_slot(key, "r1", t.long_ttl_ms, limit=4), "r1", "")
+        waiting = await p.acquire_slot(key, "w", t.long_ttl_ms, limit=4, exclusive=True)
+        assert not waiting.acquired
+        assert waiting.waiting is None, "the claimant itself is not told to wait for itself"
+        # Slots are free, but the writer goes next: a new reader is refused, and told why.
+        late = await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4)
+        assert (late.acquired, late.held, late.waiting) == (False, 1, "w"), late
+        rival = await p.acquire_slot(key, "w2", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (rival.acquired, rival.waiting) == (False, "w"), rival
+        # The reader it waits for keeps its slot, and renews it.
+        assert await p.renew_slot(key, "r1", t.long_ttl_ms) is True
+        assert await p.release_slot(key, "r1") is True
+        w = await p.acquire_slot(key, "w", t.long_ttl_ms, limit=4, exclusive=True)
+        assert (w.acquired, w.exclusive) == (True, True), w
+        assert await p.release_slot(key, "w") is True
+        # The claim was spent on the grant: readers come in again.
+        _granted(await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4), "r2", "claim spent")
+
+    async def test_a_writer_that_stops_waiting_loses_its_claim(
+        self, provider: LeaseProvider
+    ) -> None:
+        t = _require_slots(provider)
+        p: Any = provider
+        key = KeySpace()("rw-lapse")
+        _granted(await p.acquire_slot(key, "r1", t.long_ttl_ms, limit=4), "r1", "")
+        claimed_at = time.monotonic()
+        # Its claim lives min(ttl_ms, EXCLUSIVE_INTENT_MS): the short TTL here.
+        gone = await p.acquire_slot(key, "w", t.short_ttl_ms, limit=4, exclusive=True)
+        assert not gone.acquired
+        await t.outlive(claimed_at, t.short_ttl_ms)
+        _granted(await p.acquire_slot(key, "r2", t.long_ttl_ms, limit=4), "r2", "claim lapsed")
+
+    async def test_a_bad_exclusive_is_refused_before_any_io(self, provider: LeaseProvider) -> None:
+        t = _require_slots(provider)
+        p: Any = provider
+        key = KeySpace()("rw-bad")
+        for bad in (1, "yes", None):
+            with pytest.raises(InvalidLeaseArgument) as caught:
+                await p.acquire_slot(key, "a", t.long_ttl_ms, limit=2, exclusive=bad)
+            assert caught.value.argument == "exclusive"
+        assert await _holders(p, key) == []
+
+    async def test_racing_readers_and_writers_never_overlap(self, provider: LeaseProvider) -> None:
+        t = _require_slots(provider)
+        p: Any = provider
+        key = KeySpace()("rw-race")
+        limit = 3
+        spans: list[tuple[float, float, bool]] = []
+        problems: list[str] = []
+        rng = random.Random(7)
+
+        async def one(owner: str, exclusive: bool) -> None:
+            for _ in range(ROUNDS):
+                while True:
+                    got = await p.acquire_slot(
+                        key, owner, t.long_ttl_ms, limit=limit, exclusive=exclusive
+                    )
+                    if got.acquired:
+                        break
+                    await anyio.sleep(rng.uniform(0, 0.004))
+                start = time.monotonic()
+                seen = await p.get_slot_holders(key)
+                if (exclusive and len(seen) != 1) or len(seen) > limit:
+                    problems.append(f"{owner} (exclusive={exclusive}) holding saw {seen!r}")
+                await anyio.sleep(rng.uniform(0, 0.002))
+                spans.append((start, time.monotonic(), exclusive))
+                await p.release_slot(key, owner)
+
+        owners = [(f"reader-{i}", False) for i in range(8)] + [
+            (f"writer-{i}", True) for i in range(3)
+        ]
+        with anyio.fail_after(120):
+            await run_concurrently(*(functools.partial(one, o, x) for o, x in owners))
+        assert problems == []
+        writers = [s for s in spans if s[2]]
+        assert len(writers) == 3 * ROUNDS
+        for w_start, w_end, _ in writers:
+            overlapping = [s for s in spans if s[0] < w_end and w_start < s[1]]
+            assert len(overlapping) == 1, f"a writer's span overlapped others: {overlapping}"
+        readers = [_Interval(a, b, "r") for a, b, x in spans if not x]
+        assert _most_at_once(readers) <= limit
+
+
+SLOT_CHECKS = frozenset(
+    name
+    for checks in (SlotChecks, SharedExclusiveChecks)
+    for name in vars(checks)
+    if name.startswith("test_")
+)
 """Every check here: they skip on a backend declaring ``slots=False``."""

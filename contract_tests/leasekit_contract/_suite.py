@@ -18,7 +18,7 @@ from ._model import check_against_model
 from ._notifications import NotificationChecks
 from ._routing import RoutingChecks
 from ._semantics import SemanticsChecks
-from ._slots import SlotChecks
+from ._slots import SharedExclusiveChecks, SlotChecks
 
 __all__ = ["LeaseProviderContract"]
 
@@ -41,6 +41,7 @@ class ModelChecks(ContractBase):
 # pytest collects the base-most class's tests first: listed in reverse reading order,
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
+    SharedExclusiveChecks,
     SlotChecks,
     CancellationChecks,
     RoutingChecks,
@@ -86,8 +87,9 @@ class LeaseProviderContract(
     mutual exclusion under churn), :class:`ModelChecks` (stateful property test),
     :class:`NotificationChecks` (wake-ups on release, ``watch_owner``),
     :class:`LifecycleChecks` (closing), :class:`RoutingChecks` (metadata, records and
-    grant hints, for backends that declare them), :class:`SlotChecks` (counting leases,
-    for backends that declare ``slots``), :class:`BatchedRenewalChecks`
+    grant hints, for backends that declare them), :class:`SlotChecks` and
+    :class:`SharedExclusiveChecks` (counting leases and exclusive holders, for
+    backends that declare ``slots``), :class:`BatchedRenewalChecks`
     (``renew_leases``, for backends that offer it; skipped otherwise) and
     :class:`CancellationChecks` (cancels at random points strand no key).
     """

@@ -52,6 +52,7 @@ See the guide "Writing a backend" in the documentation.
 from __future__ import annotations
 
 from .._contract import metadata_for
+from .._slots import check_exclusive
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
@@ -134,6 +135,7 @@ __all__ = [
     "SyncBackendProvider",
     "SyncDeadlines",
     "SyncProvider",
+    "check_exclusive",
     "check_renew_items",
     "coerce_bool",
     "drive",

@@ -19,11 +19,17 @@ class SupportsSlots(Protocol):
     keys are apart from the contract's single-holder keys.
     """
 
-    async def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
         """Take a free slot of ``key`` for ``owner`` (or refresh ``owner``'s, same token).
 
-        Raises :class:`leasekit.SlotLimitMismatch` if ``key`` has live slots under
-        another limit, writing nothing.
+        With ``exclusive``, the whole key: granted only when nobody else holds a slot;
+        denied, the caller's claim to go next stops new grants to others for
+        :data:`leasekit.EXCLUSIVE_INTENT_MS` (or its ``ttl_ms``, if shorter), so
+        retrying within that it is not starved. Raises
+        :class:`leasekit.SlotLimitMismatch` if ``key`` has live slots under another
+        limit, writing nothing.
         """
         ...
 

@@ -339,9 +339,15 @@ class SyncLeaseProvider:
             raise self._lacks(method, "counting leases")
         return found
 
-    def acquire_slot(self, key: str, owner: str, ttl_ms: int, *, limit: int) -> SlotResult:
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
         """Blocking :meth:`leasekit.backend.SupportsSlots.acquire_slot`: one of ``limit`` slots."""
-        result: SlotResult = self._slots("acquire_slot")(key, owner, ttl_ms, limit=limit)
+        method = self._slots("acquire_slot")
+        if exclusive is False:  # as the backend's own default
+            result: SlotResult = method(key, owner, ttl_ms, limit=limit)
+        else:
+            result = method(key, owner, ttl_ms, limit=limit, exclusive=exclusive)
         return result
 
     def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
