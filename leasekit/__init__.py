@@ -63,6 +63,7 @@ from ._slots import (
 )
 from ._waiting import wait_for
 from ._watch import elect, leaders, watch_owner
+from .backend._fair import FAIR_PLACE_TTL_MS
 from .backend._records import LeaseRecord
 
 if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # at run time these load lazily, in __getattr__ below
 
 __all__ = [
     "EXCLUSIVE_INTENT_MS",
+    "FAIR_PLACE_TTL_MS",
     "MAX_METADATA_BYTES",
     "MAX_NAME_BYTES",
     "MAX_SLOT_LIMIT",

@@ -42,6 +42,9 @@ class Capabilities:
     - ``slots``: counting leases: ``acquire_slot(key, owner, ttl_ms, limit=N)`` takes
       one of ``N`` slots of a key, each with its own owner, TTL and fencing token
       (:class:`leasekit.backend.SupportsSlots`).
+    - ``fair_waiting``: ``acquire_lease_in_turn`` keeps a queue of waiters per key in
+      the store, so ``wait_for(..., fair=True)`` and ``hold(wait_s=..., fair=True)``
+      are served in arrival order (:class:`leasekit.backend.SupportsFairWaiting`).
     """
 
     atomic_transfer: bool = False
@@ -56,6 +59,7 @@ class Capabilities:
     grant_notifications: bool = False
     metadata: bool = False
     slots: bool = False
+    fair_waiting: bool = False
 
     def __post_init__(self) -> None:
         for field in fields(self):

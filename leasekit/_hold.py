@@ -35,7 +35,13 @@ from ._errors import (
 )
 from ._leaving import timeout_of, uninterrupted
 from ._renewer import Renewing, schedule
-from ._waiting import DEFAULT_MAX_POLL_S, DEFAULT_POLL_S, acquire_polling, check_wait_s
+from ._waiting import (
+    DEFAULT_MAX_POLL_S,
+    DEFAULT_POLL_S,
+    acquire_polling,
+    check_fair,
+    check_wait_s,
+)
 
 __all__ = ["LeaseHold", "OnLost", "hold"]
 
@@ -80,6 +86,7 @@ class LeaseHold(Renewing):
         poll_s: float = DEFAULT_POLL_S,
         max_poll_s: float = DEFAULT_MAX_POLL_S,
         metadata: bytes | str | None = None,
+        fair: bool = False,
     ) -> None:
         self.key = validate_key(key)
         self.owner = validate_owner(owner)
@@ -96,6 +103,7 @@ class LeaseHold(Renewing):
             )
         self.on_lost = on_lost
         self._wait_s = check_wait_s(wait_s, "wait_s")
+        self._fair = check_fair(provider, fair)
         # How a wait polls where the store does not notify (leasekit.Lock passes its sleep).
         self._poll_s = poll_s
         self._max_poll_s = max(poll_s, max_poll_s)
@@ -170,6 +178,7 @@ class LeaseHold(Renewing):
             max_poll_s=self._max_poll_s,
             clock=self._clock,
             metadata=self.metadata,
+            fair=self._fair,
         )
         if not result.acquired:
             raise LeaseHeld(key=self.key, holder=result.owner, metadata=result.metadata)
@@ -441,6 +450,7 @@ def hold(
     wait_s: float | None = 0.0,
     clock: Clock | None = None,
     metadata: bytes | str | None = None,
+    fair: bool = False,
 ) -> LeaseHold:
     """Hold ``key`` for ``owner`` for the duration of an ``async with`` block.
 
@@ -478,8 +488,9 @@ def hold(
     most :data:`~leasekit.MAX_METADATA_BYTES`) is stored with the grant where the
     backend declares ``Capabilities.metadata`` (else :class:`BackendLacksCapability`):
     where to route work for ``key``, read by others from a denied acquire,
-    :attr:`LeaseHeld.metadata` or ``get_lease_record``. Arguments are validated here,
-    before any I/O.
+    :attr:`LeaseHeld.metadata` or ``get_lease_record``. ``fair=True`` waits in the
+    store's line, served in arrival order (``Capabilities.fair_waiting``; see
+    :func:`wait_for`). Arguments are validated here, before any I/O.
     """
     return LeaseHold(
         provider,
@@ -492,4 +503,5 @@ def hold(
         wait_s=wait_s,
         clock=clock,
         metadata=metadata,
+        fair=fair,
     )

@@ -124,7 +124,35 @@ class HookedLeaseProvider:
         except Exception as exc:
             _failed("acquire", key, owner, backend=self.backend, exc=exc, start=start)
             raise
-        latency_s = time.perf_counter() - start
+        self._decided(key, owner, result, time.perf_counter() - start)
+        return result
+
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """The backend's ``acquire_lease_in_turn`` (fair waiting), with acquire's events."""
+        start = time.perf_counter()
+        take: Any = self.wrapped.acquire_lease_in_turn  # type: ignore[attr-defined]
+        try:
+            if metadata is None:
+                result: LeaseResult = await take(key, owner, ttl_ms, place_ttl_ms=place_ttl_ms)
+            else:
+                result = await take(
+                    key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+                )
+        except Exception as exc:
+            _failed("acquire", key, owner, backend=self.backend, exc=exc, start=start)
+            raise
+        self._decided(key, owner, result, time.perf_counter() - start)
+        return result
+
+    def _decided(self, key: str, owner: str, result: LeaseResult, latency_s: float) -> None:
         if result.acquired:
             emit(
                 "leasekit_acquired",
@@ -143,7 +171,6 @@ class HookedLeaseProvider:
                 backend=self.backend,
                 latency_s=latency_s,
             )
-        return result
 
     async def get_lease_owner(self, key: str) -> str | None:
         start = time.perf_counter()

@@ -67,6 +67,18 @@ class _MemoryStore:
         self.hub = ReleaseHub()
         # Counting leases, apart from the leases above: key -> its limit and slots.
         self.slots: dict[str, _SlotKey] = {}
+        # Fair waiting: key -> its line, owner -> when its place lapses (arrival order).
+        self.lines: dict[str, dict[str, int]] = {}
+
+    def line(self, key: str, now_ns: int) -> dict[str, int]:
+        """The live places in ``key``'s line, in arrival order (lapsed ones dropped)."""
+        line = self.lines.get(key)
+        if line is None:
+            line = self.lines[key] = {}
+            return line
+        for owner in [o for o, lapses in line.items() if lapses <= now_ns]:
+            del line[owner]
+        return line
 
     def live_slots(self, key: str, now_ns: int) -> _SlotKey | None:
         """The key's live slots (expired ones dropped); ``None`` once none is live."""
@@ -178,6 +190,7 @@ class MemoryLeaseProvider:
         grant_notifications=True,
         metadata=True,
         slots=True,
+        fair_waiting=True,
     )
 
     def __init__(
@@ -259,6 +272,49 @@ class MemoryLeaseProvider:
                 return LeaseResult(True, owner, lease.token, data)
             lease = store.grant(key, owner, ttl_ms, now, data)
         store.hub.notify(key, granted=True)  # owner watchers look again: taken
+        return LeaseResult(True, owner, lease.token, data)
+
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        Granted when the key is free and no live place in its line is ahead of
+        ``owner``'s; otherwise ``owner`` keeps (or takes, at the end) its place, which
+        lives ``place_ttl_ms`` from now.
+        """
+        validate_key(key)
+        validate_owner(owner)
+        validate_ttl_ms(ttl_ms)
+        validate_ttl_ms(place_ttl_ms, "place_ttl_ms")
+        data = None if metadata is None else validate_metadata(metadata)
+        store = self._check()
+        with store.lock:
+            now = store.clock_ns()
+            store.sweep(now)
+            line = store.line(key, now)
+            lease = store.live(key, now)
+            mine = lease is not None and lease.owner == owner
+            if not mine and (lease is not None or next(iter(line), owner) != owner):
+                line[owner] = now + place_ttl_ms * _NS_PER_MS  # a new place goes last
+                if lease is None:
+                    return LeaseResult(False, None, None)  # free, but not the caller's turn
+                return LeaseResult(False, lease.owner, None, lease.metadata)
+            line.pop(owner, None)
+            if not line:
+                store.lines.pop(key, None)
+            if lease is not None:
+                store.extend(key, lease, ttl_ms, now)
+                lease.metadata = data
+                return LeaseResult(True, owner, lease.token, data)
+            lease = store.grant(key, owner, ttl_ms, now, data)
+        store.hub.notify(key, granted=True)
         return LeaseResult(True, owner, lease.token, data)
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:

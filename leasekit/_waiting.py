@@ -31,8 +31,15 @@ from ._contract import (
     validate_owner,
     validate_ttl_ms,
 )
-from ._errors import InvalidLeaseArgument, LeaseBackendError, LeaseBackendTimeout, LeaseHeld
+from ._errors import (
+    BackendLacksCapability,
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseBackendTimeout,
+    LeaseHeld,
+)
 from ._leaving import undo_grant
+from .backend._fair import FAIR_PLACE_TTL_MS, SupportsFairWaiting
 from .backend._notify import ReleaseWatch, SupportsRemaining
 from .backend._records import supports
 from .backend._undo import SupportsUndoGrant
@@ -42,6 +49,7 @@ __all__ = [
     "DEFAULT_POLL_S",
     "KeyWaiter",
     "acquire_polling",
+    "check_fair",
     "check_interval",
     "check_poll_s",
     "check_wait_s",
@@ -60,6 +68,8 @@ _EXPIRY_SLACK_S = 0.002
 # With notifications, look again at least this often anyway: a channel that died
 # without anyone noticing must not leave a waiter asleep for a whole long TTL.
 _SAFETY_S = 5.0
+# A fair waiter tries again at least this often, keeping its place in line alive.
+_PLACE_REFRESH_S = FAIR_PLACE_TTL_MS / 3000
 # Shorter polling pauses are not worth a request to learn the holder's remaining time.
 _REMAINING_WORTH_S = 0.1
 
@@ -247,11 +257,14 @@ async def acquire_polling(
     max_poll_s: float,
     clock: Clock = REAL_CLOCK,
     metadata: bytes | None = None,
+    fair: bool = False,
 ) -> tuple[LeaseResult, float]:
     """Acquire, retrying with jittered exponential backoff; (result, start of the winning call).
 
     Returns the last denied result once ``timeout_s`` has passed (``0``: one attempt,
-    ``None``: no limit). Errors from the store propagate at once.
+    ``None``: no limit). Errors from the store propagate at once. ``fair``: each
+    attempt is ``acquire_lease_in_turn`` (the store's line of waiters), at least every
+    third of :data:`FAIR_PLACE_TTL_MS`, so the caller keeps its place while it waits.
     """
     began = clock.monotonic()
     deadline = None if timeout_s is None else began + timeout_s
@@ -265,12 +278,7 @@ async def acquire_polling(
             while True:
                 start = clock.monotonic()
                 try:
-                    if metadata is None:
-                        result = await provider.acquire_lease(key, owner, ttl_ms)
-                    else:
-                        result = await provider.acquire_lease(  # type: ignore[call-arg]
-                            key, owner, ttl_ms, metadata=metadata
-                        )
+                    result = await _attempt(provider, key, owner, ttl_ms, metadata, fair=fair)
                 except LeaseBackendTimeout:
                     undo_grant(provider, key, owner)  # it may have landed: as if cancelled
                     raise
@@ -282,17 +290,27 @@ async def acquire_polling(
                     granted = True
                     _waited(provider, key, owner, True, clock.monotonic() - began)
                     return result, start
-                if result.owner is None and not vanished:
+                if result.owner is None and not vanished and not fair:
                     # The holder expired between the check and the answer: the key is
                     # free now, so ask again at once (once: a store that keeps saying
                     # this is broken).
                     vanished = True
                     continue
                 vanished = False
-                if deadline is not None and clock.monotonic() >= deadline:
-                    _waited(provider, key, owner, False, clock.monotonic() - began)
+                now = clock.monotonic()
+                if deadline is not None and now >= deadline:
+                    _waited(provider, key, owner, False, now - began)
                     return result, start
-                await waiter.pause(deadline)
+                if fair:  # back before the place in line lapses
+                    again = now + _PLACE_REFRESH_S
+                    # Free, but not this waiter's turn: the ones ahead are served first,
+                    # so wait a polling step (or a hint), not "free: look again now".
+                    await waiter.pause(
+                        again if deadline is None else min(deadline, again),
+                        held=result.owner is not None,
+                    )
+                else:
+                    await waiter.pause(deadline)
     except BaseException:
         if granted:  # cancelled while unsubscribing: the caller never hears of the grant
             undo_grant(provider, key, owner)
@@ -310,6 +328,7 @@ async def wait_for(
     max_poll_s: float = DEFAULT_MAX_POLL_S,
     clock: Clock | None = None,
     metadata: bytes | str | None = None,
+    fair: bool = False,
 ) -> LeaseResult:
     """Acquire ``key`` for ``owner``, waiting until it is free or ``timeout_s`` has passed.
 
@@ -326,11 +345,16 @@ async def wait_for(
     ``clock`` (default: the real monotonic clock) paces the polls and the timeout, as
     ``leasekit.testing.FakeClock`` does in tests. ``metadata`` is stored with the
     grant (``Capabilities.metadata``; see :meth:`LeaseProvider.acquire_lease`).
+    ``fair=True`` serves the key's waiters in arrival order, through the line the store
+    keeps (``Capabilities.fair_waiting``; :class:`BackendLacksCapability` otherwise): a
+    waiter keeps its place while it waits, and loses it
+    :data:`~leasekit.FAIR_PLACE_TTL_MS` after it stops.
     """
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     data = metadata_for(_hooks.unwrap(provider), metadata)
+    in_turn = check_fair(provider, fair)
     limit = check_wait_s(timeout_s, "timeout_s")
     first = check_poll_s(poll_s, "poll_s")
     cap = check_poll_s(max_poll_s, "max_poll_s")
@@ -345,7 +369,46 @@ async def wait_for(
         max_poll_s=max(first, cap),
         clock=REAL_CLOCK if clock is None else clock,
         metadata=data,
+        fair=in_turn,
     )
     if not result.acquired:
         raise LeaseHeld(key=key, holder=result.owner, metadata=result.metadata)
     return result
+
+
+async def _attempt(
+    provider: Any, key: str, owner: str, ttl_ms: int, metadata: bytes | None, *, fair: bool
+) -> LeaseResult:
+    """One acquire: in turn (the store's line) when ``fair``; metadata only when given."""
+    if not fair:
+        if metadata is None:
+            plain: LeaseResult = await provider.acquire_lease(key, owner, ttl_ms)
+            return plain
+        with_metadata: LeaseResult = await provider.acquire_lease(
+            key, owner, ttl_ms, metadata=metadata
+        )
+        return with_metadata
+    take = provider.acquire_lease_in_turn
+    if metadata is None:
+        result: LeaseResult = await take(key, owner, ttl_ms, place_ttl_ms=FAIR_PLACE_TTL_MS)
+    else:
+        result = await take(key, owner, ttl_ms, place_ttl_ms=FAIR_PLACE_TTL_MS, metadata=metadata)
+    return result
+
+
+def check_fair(provider: object, fair: object) -> bool:
+    """Check ``fair=`` (a bool) and, when true, that ``provider`` can keep a line."""
+    if not isinstance(fair, bool):
+        raise InvalidLeaseArgument.for_argument(
+            "fair", f"must be a bool, got {type(fair).__name__}", fair
+        )
+    inner = _hooks.unwrap(provider)
+    if fair and not (capabilities_of(inner).fair_waiting and supports(inner, SupportsFairWaiting)):
+        name = getattr(inner, "backend", None) or type(inner).__name__
+        raise BackendLacksCapability(
+            f"backend {name!r} cannot serve waiters in arrival order "
+            "(Capabilities.fair_waiting is false)",
+            backend=str(name),
+            missing=("fair_waiting",),
+        )
+    return fair

@@ -43,6 +43,7 @@ pytest.register_assert_rewrite(
             "_cancellation",
             "_concurrency",
             "_expiry",
+            "_fair",
             "_fencing",
             "_history",
             "_input",
@@ -70,6 +71,7 @@ from ._blocking import (  # noqa: E402
     blocking_provider_factory,
 )
 from ._cancellation import CANCEL_CHECKS, RELEASE_GRANT_CHECK  # noqa: E402
+from ._fair import FAIR_WAITING_CHECKS  # noqa: E402
 from ._notifications import WAKE_UP_CHECKS  # noqa: E402
 from ._routing import GRANT_HINT_CHECKS, ROUTING_CHECKS  # noqa: E402
 from ._slots import SLOT_CHECKS  # noqa: E402
@@ -80,6 +82,7 @@ __all__ = [
     "BLOCKING_DRIVER_REASON",
     "BLOCKING_DRIVER_SKIPS",
     "CANCEL_CHECKS",
+    "FAIR_WAITING_CHECKS",
     "GRANT_HINT_CHECKS",
     "RELEASE_GRANT_CHECK",
     "ROUTING_CHECKS",

@@ -72,6 +72,7 @@ FORWARDED_EXTRAS = (
     "release_slot",
     "transfer_slot",
     "get_slot_holders",
+    "acquire_lease_in_turn",
 )
 """The optional extras a blocking provider's wrapper offers when the provider has them."""
 

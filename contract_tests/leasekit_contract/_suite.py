@@ -11,6 +11,7 @@ from ._batch import BatchedRenewalChecks
 from ._cancellation import CancellationChecks
 from ._concurrency import ConcurrencyChecks
 from ._expiry import ExpiryChecks
+from ._fair import FairWaitingChecks
 from ._fencing import FencingChecks
 from ._input import InputChecks
 from ._lifecycle import LifecycleChecks
@@ -41,6 +42,7 @@ class ModelChecks(ContractBase):
 # pytest collects the base-most class's tests first: listed in reverse reading order,
 # the semantics table runs first and the slow concurrency checks near the end.
 class LeaseProviderContract(
+    FairWaitingChecks,
     SharedExclusiveChecks,
     SlotChecks,
     CancellationChecks,
@@ -89,7 +91,8 @@ class LeaseProviderContract(
     :class:`LifecycleChecks` (closing), :class:`RoutingChecks` (metadata, records and
     grant hints, for backends that declare them), :class:`SlotChecks` and
     :class:`SharedExclusiveChecks` (counting leases and exclusive holders, for
-    backends that declare ``slots``), :class:`BatchedRenewalChecks`
+    backends that declare ``slots``), :class:`FairWaitingChecks` (arrival order, for
+    backends that declare ``fair_waiting``), :class:`BatchedRenewalChecks`
     (``renew_leases``, for backends that offer it; skipped otherwise) and
     :class:`CancellationChecks` (cancels at random points strand no key).
     """

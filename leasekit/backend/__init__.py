@@ -56,6 +56,7 @@ from .._slots import check_exclusive
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
+from ._fair import FAIR_PLACE_TTL_MS, SupportsFairWaiting
 from ._fork import ForkAware, Rebuild, keep_forever, on_fork_in_child
 from ._gate import FifoGate
 from ._notify import (
@@ -99,6 +100,7 @@ from ._urls import (
 )
 
 __all__ = [
+    "FAIR_PLACE_TTL_MS",
     "RENEW_BATCH_LIMIT",
     "BackendProvider",
     "Deadlines",
@@ -119,6 +121,7 @@ __all__ = [
     "ReleaseWatch",
     "RenewItem",
     "SlotGrant",
+    "SupportsFairWaiting",
     "SupportsFlush",
     "SupportsInspect",
     "SupportsMigrate",

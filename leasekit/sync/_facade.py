@@ -19,6 +19,7 @@ from .._capabilities import Capabilities, capabilities_of
 from .._contract import LeaseProvider, LeaseResult, metadata_for
 from .._errors import BackendLacksCapability, LeaseProviderClosed
 from .._slots import SlotResult
+from ..backend._fair import SupportsFairWaiting
 from ..backend._fork import keep_forever, on_fork_in_child
 from ..backend._records import (
     LeaseRecord,
@@ -330,6 +331,26 @@ class SyncLeaseProvider:
             raise self._lacks("inspect", "way to list its leases")
         records: list[LeaseRecord] = method(prefix, limit=limit)
         return records
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`leasekit.backend.SupportsFairWaiting.acquire_lease_in_turn`."""
+        method = self._extra(SupportsFairWaiting, "acquire_lease_in_turn")
+        if method is None:
+            raise self._lacks("acquire_lease_in_turn", "line of waiters (fair waiting)")
+        if metadata is None:
+            result: LeaseResult = method(key, owner, ttl_ms, place_ttl_ms=place_ttl_ms)
+        else:
+            data = metadata_for(self, metadata)
+            result = method(key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=data)
+        return result
 
     # -- counting leases (SupportsSlots) ---------------------------------------------------
 

@@ -44,6 +44,7 @@ def wait_for(
     poll_s: float = DEFAULT_POLL_S,
     max_poll_s: float = DEFAULT_MAX_POLL_S,
     metadata: bytes | str | None = None,
+    fair: bool = False,
 ) -> LeaseResult:
     """The blocking :func:`leasekit.wait_for`: wait until acquired, or raise ``LeaseHeld``."""
     facade = facade_of(provider)
@@ -57,6 +58,7 @@ def wait_for(
         poll_s=poll_s,
         max_poll_s=max_poll_s,
         metadata=metadata,
+        fair=fair,
     )
 
 
@@ -234,6 +236,7 @@ def hold(
     on_lost: SyncOnLost = "flag",
     wait_s: float | None = 0.0,
     metadata: bytes | str | None = None,
+    fair: bool = False,
 ) -> SyncLeaseHold:
     """The blocking :func:`leasekit.hold`: a ``with`` block holding ``key`` for ``owner``.
 
@@ -270,6 +273,7 @@ def hold(
         on_lost="flag",
         wait_s=wait_s,
         metadata=metadata,
+        fair=fair,
     )
     return SyncLeaseHold(facade, lease, on_lost)
 
