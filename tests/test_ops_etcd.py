@@ -253,6 +253,46 @@ def test_a_record_is_the_holders_range_then_its_etcd_leases_time_left() -> None:
     assert finish(op, pb.LeaseTimeToLiveResponse(ID=8, TTL=0)).remaining_ms == 1
 
 
+def test_a_record_on_the_etcd_lease_it_was_seen_on_is_one_round_trip() -> None:
+    c = Ctx()
+    op = _ops.record(c.ctx, "k")
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5)]))
+    finish(op, pb.LeaseTimeToLiveResponse(ID=7, TTL=12))
+    # Seen on etcd lease 7: the range and that lease's time left, side by side.
+    op = _ops.record(c.ctx, "k")
+    both = next(op)
+    assert [(call.method, call.safe) for call in both] == [
+        ("Range", True),
+        ("LeaseTimeToLive", True),
+    ]
+    assert both[1].request.ID == 7
+    reply = [
+        pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5)]),
+        pb.LeaseTimeToLiveResponse(TTL=9),
+    ]
+    assert finish(op, reply).remaining_ms == 9_000
+    # Moved to etcd lease 8 meanwhile: the guess's answer is dropped, lease 8 asked.
+    op = _ops.record(c.ctx, "k")
+    next(op)
+    reply = [
+        pb.RangeResponse(kvs=[kv("k", "a", lease=8, token=5)]),
+        pb.LeaseTimeToLiveResponse(TTL=-1),
+    ]
+    again = op.send(reply)
+    assert (again.method, again.request.ID) == ("LeaseTimeToLive", 8)
+    assert finish(op, pb.LeaseTimeToLiveResponse(ID=8, TTL=30)).remaining_ms == 30_000
+    # A denied acquire learns the holder's etcd lease too.
+    c = Ctx()
+    op = _ops.acquire(c.ctx, "k", "b", TTL_MS)
+    next(op)
+    op.send(pb.LeaseGrantResponse(ID=9, TTL=60))
+    held = pb.ResponseOp(response_range=pb.RangeResponse(kvs=[kv("k", "a", lease=3)]))
+    finish(op, pb.TxnResponse(succeeded=False, responses=[held]))
+    op = _ops.record(c.ctx, "k")
+    assert next(op)[1].request.ID == 3
+
+
 def test_bad_input_is_refused_when_the_operation_is_built() -> None:
     ctx = Ctx().ctx
     for build, argument in (

@@ -129,8 +129,9 @@ class Context:
     none, every empty lease is revoked); ``revoke_later(lease)`` is the transport's way
     to revoke one in the background; ``now()`` is the clock the pool's times are on,
     ``call_at(when, callback)`` the driver's way to run its timers on that clock.
-    ``seen_held`` remembers keys seen held, only a hint of whether to look before
-    granting. ``min_ttl_s`` is the shortest TTL etcd grants, as last learnt.
+    ``seen_held`` remembers keys seen held and the etcd lease their record was on, only
+    hints: whether to look before granting, and which etcd lease to ask the time left
+    of while the record is read. ``min_ttl_s`` is the shortest TTL etcd grants, as last learnt.
     """
 
     __slots__ = (
@@ -186,22 +187,28 @@ class Context:
 
 
 class _RecentKeys:
-    """The last ``size`` keys this provider saw held (by anyone), oldest forgotten first.
+    """The last ``size`` keys this provider saw held (by anyone), oldest forgotten first,
+    each with the etcd lease its record was seen on (0 if not known).
 
-    Only a hint for how to acquire (look first, or grant first): a stale entry costs a
-    round trip, never a wrong answer (and a lost update between threads no more).
+    Only hints, for how to acquire (look first, or grant first) and for which etcd
+    lease to ask about while a record is read: a stale entry costs a round trip, never a
+    wrong answer (and a lost update between threads no more).
     """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: OrderedDict[str, int] = OrderedDict()
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def add(self, key: str) -> None:
+    def lease_of(self, key: str) -> int:
+        """The etcd lease ``key``'s record was last seen on, 0 if not known."""
+        return self._keys.get(key, 0)
+
+    def add(self, key: str, lease: int = 0) -> None:
         keys = self._keys
-        keys[key] = None
+        keys[key] = lease
         try:
             keys.move_to_end(key)
             if len(keys) > self._size:
@@ -585,23 +592,41 @@ def _owner(ctx: Context, key: str) -> Op:
     return None if kv is None else holder_of(ctx.prefix, kv, key)[0]
 
 
+def _time_to_live(lease: int) -> Call:
+    return Call("LeaseTimeToLive", _rpc.lease_time_to_live_request(lease), safe=True)
+
+
 def _record(ctx: Context, key: str) -> Op:
     start, end = _keys.holder_range(ctx.prefix, key)
+    seen = ctx.seen_held
     while True:
-        kv = holder(ctx.prefix, (yield from _range(read_holder(start, end))), key)
+        # The time left is the etcd lease's, by etcd's lessor (whole seconds, rounded
+        # down, so never more than is left), which no read of the record can return. If
+        # this provider knows which etcd lease the record was on, both are asked side by
+        # side: one round trip while the record stays there (renewed by keep-alives).
+        guess = seen.lease_of(key)
+        ttl: _rpc.LeaseTimeToLiveResponse | None = None
+        if guess:
+            reply, ttl = yield (
+                Call("Range", read_holder(start, end), safe=True),
+                _time_to_live(guess),
+            )
+        else:
+            reply = yield from _range(read_holder(start, end))
+        kv = holder(ctx.prefix, reply, key)
         if kv is None:
+            seen.discard(key)
             return None
-        # etcd's clock is its lessor's: the time left is the etcd lease's, in whole
-        # seconds rounded down (so never more than is left), which the range cannot say.
-        ttl: _rpc.LeaseTimeToLiveResponse = yield Call(
-            "LeaseTimeToLive", _rpc.lease_time_to_live_request(kv.lease), safe=True
-        )
+        seen.add(key, kv.lease)
+        if ttl is None or kv.lease != guess:
+            ttl = yield _time_to_live(kv.lease)
         if ttl.TTL >= 0:
             owner, metadata = holder_of(ctx.prefix, kv, key)
             # 0: under a second left, or ended and about to be deleted with its record.
             return LeaseRecord(key, owner, kv.create_revision, max(ttl.TTL * 1000, 1), metadata)
         # The etcd lease ended between the two calls: the record expired with it, or
         # moved to another etcd lease (a renewal for another TTL). Look again.
+        seen.add(key)
 
 
 def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | None) -> Op:
@@ -618,7 +643,7 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | N
             if kv is not None:
                 holder_now, holder_metadata = holder_of(ctx.prefix, kv, key)
                 if holder_now != owner:
-                    seen.add(key)
+                    seen.add(key, kv.lease)
                     return LeaseResult(False, holder_now, None, holder_metadata)
                 # Ours: a full TTL again, and the metadata given now if it differs.
                 rewrite = None if kv.value == value else value
@@ -633,7 +658,7 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | N
         )
         if reply.succeeded:
             ctx.bindings.bound(record, lease)
-            seen.add(key)
+            seen.add(key, lease)
             return LeaseResult(True, owner, reply.header.revision, metadata)
         holder_then = denied_holder(ctx.prefix, reply, key)
         if holder_then is not None and holder_then[0] == owner:
@@ -648,7 +673,7 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | N
             # nothing, so it can be bound again.
             ctx.left_empty(lease)
             if holder_then is not None:
-                seen.add(key)
+                seen.add(key, reply.responses[0].response_range.kvs[0].lease)
                 return LeaseResult(False, holder_then[0], None, holder_then[1])
         look_first = True  # it changed under us: look, then decide
 
