@@ -403,7 +403,7 @@ async def test_a_record_stored_before_metadata_existed_reads_as_one_without(
     """What an earlier leasekit wrote (the value is the owner alone) keeps working: read,
     denied, renewed, given metadata by its holder, released."""
     client = aetcd.Client(*_address(provider))
-    lease = await client.grant_lease(60)
+    lease = await client.lease(60)
     await client.put(provider.prefix.encode() + b"old\0alice", b"alice", lease=lease)
     assert await provider.acquire_lease("old", "bob", LONG_MS) == leasekit.LeaseResult(
         False, "alice", None, None
@@ -472,7 +472,7 @@ async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_p
             "re-acquire, new TTL": lambda: p.acquire_lease("k", "a", 20_000),
             "re-acquire, other metadata": lambda: p.acquire_lease("k", "a", 20_000, metadata="m"),
             "get_lease_owner": lambda: p.get_lease_owner("k"),
-            "get_lease_record": lambda: other.get_lease_record("k"),
+            "get_lease_record": lambda: p.get_lease_record("k"),
             "renew, same TTL": lambda: p.renew_lease("k", "a", 20_000),
             "renew, new TTL": lambda: p.renew_lease("k", "a", 10_000),
             "renew refused": lambda: p.renew_lease("k", "b", 10_000),

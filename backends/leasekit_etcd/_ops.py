@@ -647,8 +647,9 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | N
                     return LeaseResult(False, holder_now, None, holder_metadata)
                 # Ours: a full TTL again, and the metadata given now if it differs.
                 rewrite = None if kv.value == value else value
-                if (yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite)):
-                    seen.add(key)
+                on = yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite)
+                if on:
+                    seen.add(key, on)
                     return LeaseResult(True, owner, kv.create_revision, metadata)
                 continue  # our record ended meanwhile (expired): look again
         # Otherwise expect it free: take it in one transaction, on an idle etcd lease of
@@ -664,10 +665,10 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | N
         if holder_then is not None and holder_then[0] == owner:
             # Already ours: move our record onto that lease (the requested TTL), keeping
             # its token, with the metadata given now.
-            token = yield from _relet_onto(ctx, record, ttl_s, lease, value, idle=idle)
-            if token is not None:
-                seen.add(key)
-                return LeaseResult(True, owner, token, metadata)
+            moved = yield from _relet_onto(ctx, record, ttl_s, lease, value, idle=idle)
+            if moved is not None:
+                seen.add(key, moved[1])
+                return LeaseResult(True, owner, moved[0], metadata)
         else:
             # Never bound (the transaction took its failure branch): it carries
             # nothing, so it can be bound again.
@@ -684,33 +685,34 @@ def _renew(ctx: Context, key: str, owner: str, ttl_s: int, value: bytes | None =
     if kv is None:
         return False
     rewrite = None if value is None or kv.value == value else value
-    return (yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite))
+    return bool((yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite)))
 
 
 def _reset_ttl(ctx: Context, record: bytes, lease: int, ttl_s: int, value: bytes | None) -> Op:
     """Give a live record a full ``ttl_s`` again, and the value ``value`` (None: keep
-    the one it has); False if it ended."""
+    the one it has); returns the etcd lease it is on then, 0 if it ended."""
     if value is None:
         ctx.bindings.keep_if_on(record, lease)
         granted_s = yield from _keep_alive(ctx, lease)
         if granted_s <= 0:
-            return False  # the etcd lease expired: the record is gone with it
+            return 0  # the etcd lease expired: the record is gone with it
         granted = ctx.granted_ttl_s
         if granted(ttl_s) <= granted_s <= granted(ttl_s + ctx.pool.extra_s(ttl_s)):
-            return True
+            return lease
     # A keep-alive restores the TTL the etcd lease was granted with; a different TTL
     # needs another etcd lease, and the record moved onto it. A new value needs a put
     # anyway, so it moves too, in the same transaction (and needs no keep-alive).
     fresh, idle = yield from _lease_for(ctx, ttl_s)
-    return (yield from _relet_onto(ctx, record, ttl_s, fresh, value, idle=idle)) is not None
+    moved = yield from _relet_onto(ctx, record, ttl_s, fresh, value, idle=idle)
+    return 0 if moved is None else moved[1]
 
 
 def _relet_onto(
     ctx: Context, record: bytes, ttl_s: int, fresh: int, value: bytes | None, *, idle: bool
 ) -> Op:
     """Move a live record onto the etcd lease ``fresh`` (with the value ``value``, or
-    the one it has if None) and let the old lease go; returns the (unchanged) token, or
-    None if it ended (``fresh`` unused).
+    the one it has if None) and let the old lease go; returns the (unchanged) token and
+    the etcd lease it is on now, or None if it ended (``fresh`` unused).
 
     Neither lease carries a record then: either is kept for reuse if it is this
     provider's, revoked in the background if not. An ``idle`` lease that etcd no longer
@@ -727,7 +729,7 @@ def _relet_onto(
     if left is not None:
         ctx.left_empty(left)
     ctx.bindings.bound(record, fresh)
-    return token
+    return token, fresh
 
 
 def _release(ctx: Context, key: str, owner: str) -> Op:
