@@ -235,7 +235,8 @@ class EtcdLeaseProvider(BackendProvider):
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key``, ``None`` if free (``SupportsRecords``): a range read
-        of its record, then the etcd lease's time left (whole seconds, rounded down)."""
+        of its record and its etcd lease's time left (whole seconds, rounded down), side
+        by side where this provider saw the record on that etcd lease before."""
         return await self._run(key, _ops.record(self._ctx, key))
 
     async def get_lease_owner(self, key: str) -> str | None:
