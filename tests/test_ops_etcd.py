@@ -251,6 +251,13 @@ def test_a_record_is_the_holders_range_then_its_etcd_leases_time_left() -> None:
     assert again.method == "Range"
     op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=8)]))
     assert finish(op, pb.LeaseTimeToLiveResponse(ID=8, TTL=0)).remaining_ms == 1
+    # Ran out, and still there on a second look: about to be deleted, not looked at again.
+    op = _ops.record(Ctx().ctx, "k")
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7)]))
+    op.send(pb.LeaseTimeToLiveResponse(ID=7, TTL=-2))
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7)]))
+    assert finish(op, pb.LeaseTimeToLiveResponse(ID=7, TTL=-1)).remaining_ms == 1
 
 
 def test_a_record_on_the_etcd_lease_it_was_seen_on_is_one_round_trip() -> None:

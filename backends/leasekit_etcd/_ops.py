@@ -599,6 +599,7 @@ def _time_to_live(lease: int) -> Call:
 def _record(ctx: Context, key: str) -> Op:
     start, end = _keys.holder_range(ctx.prefix, key)
     seen = ctx.seen_held
+    ended = 0
     while True:
         # The time left is the etcd lease's, by etcd's lessor (whole seconds, rounded
         # down, so never more than is left), which no read of the record can return. If
@@ -620,12 +621,15 @@ def _record(ctx: Context, key: str) -> Op:
         seen.add(key, kv.lease)
         if ttl is None or kv.lease != guess:
             ttl = yield _time_to_live(kv.lease)
-        if ttl.TTL >= 0:
+        if ttl.TTL >= 0 or kv.lease == ended:
             owner, metadata = holder_of(ctx.prefix, kv, key)
-            # 0: under a second left, or ended and about to be deleted with its record.
+            # Under a second left; or the etcd lease ran out (twice on the same one) and
+            # its record, still there, is about to be deleted with it.
             return LeaseRecord(key, owner, kv.create_revision, max(ttl.TTL * 1000, 1), metadata)
-        # The etcd lease ended between the two calls: the record expired with it, or
-        # moved to another etcd lease (a renewal for another TTL). Look again.
+        # The etcd lease is gone or ran out: the record expired with it (etcd deletes it
+        # within half a second), or moved to another etcd lease between the two calls (a
+        # renewal for another TTL). Look again.
+        ended = kv.lease
         seen.add(key)
 
 
