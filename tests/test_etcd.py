@@ -97,6 +97,9 @@ def test_capabilities_are_what_etcd_gives() -> None:
     assert caps.server_clock
     assert caps.shared_across_hosts
     assert caps.persistent
+    assert caps.release_notifications
+    assert caps.grant_notifications
+    assert caps.metadata
     assert (caps.ttl_resolution_ms, caps.min_ttl_ms) == (1000, 2000)
     assert caps.effective_ttl_ms(1) == 2000
     assert caps.effective_ttl_ms(2001) == 3000
@@ -387,9 +390,36 @@ async def test_foreign_data_under_the_prefix_is_a_backend_error(
     assert info.value.key == "garbled"
     with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
         await provider.acquire_lease("garbled", "a", LONG_MS)
+    with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
+        await provider.get_lease_record("garbled")
     assert await provider.inspect() == []
     await client.delete_prefix(provider.prefix.encode())
     await client.close()
+
+
+async def test_a_record_stored_before_metadata_existed_reads_as_one_without(
+    provider: EtcdLeaseProvider,
+) -> None:
+    """What an earlier leasekit wrote (the value is the owner alone) keeps working: read,
+    denied, renewed, given metadata by its holder, released."""
+    client = aetcd.Client(*_address(provider))
+    lease = await client.lease(60)
+    await client.put(provider.prefix.encode() + b"old\0alice", b"alice", lease=lease)
+    assert await provider.acquire_lease("old", "bob", LONG_MS) == leasekit.LeaseResult(
+        False, "alice", None, None
+    )
+    record = await provider.get_lease_record("old")
+    assert record is not None
+    assert (record.owner, record.metadata) == ("alice", None)
+    assert 0 < record.remaining_ms <= 60_000
+    assert await provider.renew_lease("old", "alice", 60_000)
+    granted = await provider.acquire_lease("old", "alice", 60_000, metadata="here")
+    assert (granted.acquired, granted.token, granted.metadata) == (True, record.token, b"here")
+    [listed] = await provider.inspect()
+    assert (listed.owner, listed.metadata) == ("alice", b"here")
+    await provider.release_lease("old", "alice")
+    assert await provider.get_lease_record("old") is None
+    await client.close()  # the etcd lease: revoked by the provider once left empty
 
 
 def _address(provider: EtcdLeaseProvider) -> tuple[str, int]:
@@ -409,7 +439,9 @@ ROUND_TRIPS: list[tuple[str, dict[str, int], dict[str, int]]] = [
     ("re-acquire, same TTL", {"Range": 1, "LeaseKeepAlive": 1}, {}),
     ("re-acquire, new TTL", {"Range": 1, "LeaseKeepAlive": 1, "LeaseGrant": 1, "Txn": 1},
      {"LeaseRevoke": 1}),
+    ("re-acquire, other metadata", {"Range": 1, "LeaseGrant": 1, "Txn": 1}, {"LeaseRevoke": 1}),
     ("get_lease_owner", {"Range": 1}, {}),
+    ("get_lease_record", {"Range": 1, "LeaseTimeToLive": 1}, {}),
     ("renew, same TTL", {"Range": 1, "LeaseKeepAlive": 1}, {}),
     ("renew, new TTL", {"Range": 1, "LeaseKeepAlive": 1, "LeaseGrant": 1, "Txn": 1},
      {"LeaseRevoke": 1}),
@@ -438,7 +470,9 @@ async def test_round_trips_per_operation(private_etcd_server: EtcdServer, etcd_p
             "acquire denied again": lambda: other.acquire_lease("k", "b", 10_000),
             "re-acquire, same TTL": lambda: p.acquire_lease("k", "a", 10_000),
             "re-acquire, new TTL": lambda: p.acquire_lease("k", "a", 20_000),
+            "re-acquire, other metadata": lambda: p.acquire_lease("k", "a", 20_000, metadata="m"),
             "get_lease_owner": lambda: p.get_lease_owner("k"),
+            "get_lease_record": lambda: p.get_lease_record("k"),
             "renew, same TTL": lambda: p.renew_lease("k", "a", 20_000),
             "renew, new TTL": lambda: p.renew_lease("k", "a", 10_000),
             "renew refused": lambda: p.renew_lease("k", "b", 10_000),

@@ -64,6 +64,51 @@ async def test_a_delete_in_the_range_wakes_the_keys_waiters_and_a_put_does_not(
         await listener.aclose()
 
 
+async def test_a_created_record_wakes_grant_watchers_only_and_a_re_put_nobody(
+    client: Any, etcd_prefix: str
+) -> None:
+    listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
+    start = f"{etcd_prefix}k\0".encode()
+    end = f"{etcd_prefix}k\1".encode()
+    try:
+        release = await listener.watch("k", start, end)
+        grants = await listener.watch("k", start, end, grants=True)
+        await client.put(start + b"alice", b"alice")  # created: a grant
+        assert await grants.wait(BOUND_S)
+        assert not await release.wait(0.2), "a grant woke a waiter for a release"
+        grants = await listener.watch("k", start, end, grants=True)
+        await client.put(start + b"alice", b"alice\0m")  # the holder's re-put: no grant
+        assert not await grants.wait(0.2)
+        await client.delete(start + b"alice")  # a release wakes both
+        assert await grants.wait(BOUND_S)
+        assert await release.wait(BOUND_S)
+    finally:
+        await listener.aclose()
+
+
+async def test_renewals_and_re_acquires_send_no_grant_hint_and_transfers_do(
+    etcd_url: str, etcd_prefix: str
+) -> None:
+    async with leasekit.connect(etcd_url, prefix=etcd_prefix) as provider:
+        grants = await provider.watch_release("k", grants=True)
+        assert (await provider.acquire_lease("k", "alice", 10_000, metadata=b"a")).acquired
+        assert await grants.wait(BOUND_S)
+        grants.close()
+        grants = await provider.watch_release("k", grants=True)
+        # Each moves alice's record to another etcd lease, or rewrites its value.
+        assert await provider.renew_lease("k", "alice", 20_000)
+        assert (await provider.acquire_lease("k", "alice", 20_000, metadata=b"b")).acquired
+        assert await provider.transfer_lease("k", "alice", "alice", 12_000, metadata=b"c")
+        assert not await grants.wait(0.5), "the holder's own writes sent a grant hint"
+        record = await provider.get_lease_record("k")
+        assert record is not None
+        assert (record.owner, record.metadata) == ("alice", b"c")
+        assert await provider.transfer_lease("k", "alice", "bob", 10_000)
+        assert await grants.wait(BOUND_S)
+        grants.close()
+        await provider.release_lease("k", "bob")
+
+
 async def test_closing_wakes_every_waiter(client: Any, etcd_prefix: str) -> None:
     listener = EtcdReleaseListener(_watcher_of(client), timeout_s=5)
     watch = await listener.watch("k", etcd_prefix.encode(), etcd_prefix.encode() + b"\xff")

@@ -69,10 +69,9 @@ def record(key: str, owner: str) -> bytes:
     return PREFIX + key.encode() + b"\0" + owner.encode()
 
 
-def kv(key: str, owner: str, *, lease: int, token: int = 10) -> Any:
-    return pb.KeyValue(
-        key=record(key, owner), value=owner.encode(), lease=lease, create_revision=token
-    )
+def kv(key: str, owner: str, *, lease: int, token: int = 10, metadata: bytes | None = None) -> Any:
+    value = owner.encode() if metadata is None else owner.encode() + b"\0" + metadata
+    return pb.KeyValue(key=record(key, owner), value=value, lease=lease, create_revision=token)
 
 
 def finish(operation: Any, reply: Any) -> Any:
@@ -136,6 +135,171 @@ def test_a_denied_acquire_names_the_holder_and_revokes_the_unbound_lease() -> No
     )
 
 
+def test_metadata_goes_after_the_owner_in_the_value_the_grant_puts() -> None:
+    c = Ctx()
+    op = _ops.acquire(c.ctx, "k", "a\0b", TTL_MS, b"\0host:1\xff")
+    next(op)
+    txn = op.send(pb.LeaseGrantResponse(ID=7, TTL=60))
+    assert txn.request.success[0].request_put.value == b"a\0b\0\0host:1\xff"
+    reply = pb.TxnResponse(succeeded=True, header=pb.ResponseHeader(revision=42))
+    assert finish(op, reply) == LeaseResult(True, "a\0b", 42, b"\0host:1\xff")
+    op = _ops.acquire(c.ctx, "j", "a", TTL_MS, "\u00fc")
+    next(op)
+    txn = op.send(pb.LeaseGrantResponse(ID=8, TTL=60))
+    assert txn.request.success[0].request_put.value == b"a\0\xc3\xbc"
+
+
+def test_a_denied_acquire_returns_the_holders_metadata_from_the_same_reply() -> None:
+    c = Ctx()
+    op = _ops.acquire(c.ctx, "k", "b", TTL_MS)
+    next(op)
+    op.send(pb.LeaseGrantResponse(ID=7, TTL=60))
+    held = pb.ResponseOp(response_range=pb.RangeResponse(kvs=[kv("k", "a", lease=3, metadata=b"")]))
+    assert finish(op, pb.TxnResponse(succeeded=False, responses=[held])) == LeaseResult(
+        False, "a", None, b""
+    )
+    op = _ops.acquire(c.ctx, "k", "b", TTL_MS)
+    assert next(op).method == "Range"
+    reply = pb.RangeResponse(kvs=[kv("k", "a", lease=3, metadata=b"a:1")])
+    assert finish(op, reply) == LeaseResult(False, "a", None, b"a:1")
+    # A record written before metadata existed (the value is the owner alone) has none.
+    op = _ops.acquire(c.ctx, "k", "b", TTL_MS)
+    next(op)
+    assert finish(op, pb.RangeResponse(kvs=[kv("k", "a", lease=3)])) == LeaseResult(
+        False, "a", None
+    )
+
+
+def test_a_value_that_is_not_the_owner_and_its_metadata_is_an_error() -> None:
+    for value in (b"ab", b"a\1m", b"b\0m"):
+        op = _ops.owner(Ctx().ctx, "k")
+        next(op)
+        stranger = pb.KeyValue(key=record("k", "a"), value=value, lease=7)
+        with pytest.raises(LeaseBackendError, match="unexpected data"):
+            op.send(pb.RangeResponse(kvs=[stranger]))
+
+
+def test_the_holders_reacquire_with_other_metadata_moves_its_record_with_the_new_value() -> None:
+    c = Ctx()
+    c.ctx.seen_held.add("k")
+    # The same metadata: a keep-alive, as without metadata.
+    op = _ops.acquire(c.ctx, "k", "a", TTL_MS, b"m")
+    next(op)
+    keep = op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5, metadata=b"m")]))
+    assert keep.method == "LeaseKeepAlive"
+    assert finish(op, pb.LeaseKeepAliveResponse(ID=7, TTL=60)) == LeaseResult(True, "a", 5, b"m")
+    # Other metadata (None included: it clears): the record moves to a fresh etcd lease,
+    # with the new value, in one transaction that keeps its token.
+    op = _ops.acquire(c.ctx, "k", "a", TTL_MS, None)
+    next(op)
+    grant = op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5, metadata=b"m")]))
+    assert grant.method == "LeaseGrant"
+    relet = op.send(pb.LeaseGrantResponse(ID=8, TTL=60))
+    put = relet.request.success[0].request_put
+    assert (put.key, put.value, put.lease, put.ignore_value) == (record("k", "a"), b"a", 8, False)
+    moved = pb.ResponseOp(response_put=pb.PutResponse(prev_kv=kv("k", "a", lease=7, token=5)))
+    assert finish(op, pb.TxnResponse(succeeded=True, responses=[moved])) == LeaseResult(
+        True, "a", 5
+    )
+    assert c.revoked == [7]
+
+
+def test_a_renewal_that_moves_the_record_keeps_its_value() -> None:
+    op = _ops.renew(Ctx().ctx, "k", "a", 65_000)
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, metadata=b"m")]))
+    op.send(pb.LeaseKeepAliveResponse(ID=7, TTL=60))
+    relet = op.send(pb.LeaseGrantResponse(ID=8, TTL=65))
+    put = relet.request.success[0].request_put
+    assert (put.value, put.ignore_value, put.lease) == (b"", True, 8)
+
+
+def test_transfer_puts_the_metadata_given_for_the_new_owner() -> None:
+    c = Ctx()
+    op = _ops.transfer(c.ctx, "k", "a", "b", TTL_MS, b"b:2")
+    next(op)
+    txn = op.send(pb.LeaseGrantResponse(ID=8, TTL=60))
+    assert txn.request.success[1].request_put.value == b"b\0b:2"
+    op = _ops.transfer(c.ctx, "k", "a", "b", TTL_MS)
+    next(op)
+    txn = op.send(pb.LeaseGrantResponse(ID=9, TTL=60))
+    assert txn.request.success[1].request_put.value == b"b"
+
+
+def test_a_record_is_the_holders_range_then_its_etcd_leases_time_left() -> None:
+    op = _ops.record(Ctx().ctx, "k")
+    read = next(op)
+    assert (read.method, read.request.key, read.request.limit) == ("Range", b"p/k\0", 1)
+    ttl = op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5, metadata=b"m")]))
+    assert (ttl.method, ttl.safe, ttl.request.ID) == ("LeaseTimeToLive", True, 7)
+    record_ = finish(op, pb.LeaseTimeToLiveResponse(ID=7, TTL=12))
+    assert (record_.key, record_.owner, record_.token, record_.remaining_ms, record_.metadata) == (
+        "k",
+        "a",
+        5,
+        12_000,
+        b"m",
+    )
+    op = _ops.record(Ctx().ctx, "k")
+    next(op)
+    assert finish(op, pb.RangeResponse()) is None
+    # The etcd lease ended between the calls: the record is looked at again.
+    op = _ops.record(Ctx().ctx, "k")
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7)]))
+    again = op.send(pb.LeaseTimeToLiveResponse(ID=7, TTL=-1))
+    assert again.method == "Range"
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=8)]))
+    assert finish(op, pb.LeaseTimeToLiveResponse(ID=8, TTL=0)).remaining_ms == 1
+    # Ran out, and still there on a second look: about to be deleted, not looked at again.
+    op = _ops.record(Ctx().ctx, "k")
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7)]))
+    op.send(pb.LeaseTimeToLiveResponse(ID=7, TTL=-2))
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7)]))
+    assert finish(op, pb.LeaseTimeToLiveResponse(ID=7, TTL=-1)).remaining_ms == 1
+
+
+def test_a_record_on_the_etcd_lease_it_was_seen_on_is_one_round_trip() -> None:
+    c = Ctx()
+    op = _ops.record(c.ctx, "k")
+    next(op)
+    op.send(pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5)]))
+    finish(op, pb.LeaseTimeToLiveResponse(ID=7, TTL=12))
+    # Seen on etcd lease 7: the range and that lease's time left, side by side.
+    op = _ops.record(c.ctx, "k")
+    both = next(op)
+    assert [(call.method, call.safe) for call in both] == [
+        ("Range", True),
+        ("LeaseTimeToLive", True),
+    ]
+    assert both[1].request.ID == 7
+    reply = [
+        pb.RangeResponse(kvs=[kv("k", "a", lease=7, token=5)]),
+        pb.LeaseTimeToLiveResponse(TTL=9),
+    ]
+    assert finish(op, reply).remaining_ms == 9_000
+    # Moved to etcd lease 8 meanwhile: the guess's answer is dropped, lease 8 asked.
+    op = _ops.record(c.ctx, "k")
+    next(op)
+    reply = [
+        pb.RangeResponse(kvs=[kv("k", "a", lease=8, token=5)]),
+        pb.LeaseTimeToLiveResponse(TTL=-1),
+    ]
+    again = op.send(reply)
+    assert (again.method, again.request.ID) == ("LeaseTimeToLive", 8)
+    assert finish(op, pb.LeaseTimeToLiveResponse(ID=8, TTL=30)).remaining_ms == 30_000
+    # A denied acquire learns the holder's etcd lease too.
+    c = Ctx()
+    op = _ops.acquire(c.ctx, "k", "b", TTL_MS)
+    next(op)
+    op.send(pb.LeaseGrantResponse(ID=9, TTL=60))
+    held = pb.ResponseOp(response_range=pb.RangeResponse(kvs=[kv("k", "a", lease=3)]))
+    finish(op, pb.TxnResponse(succeeded=False, responses=[held]))
+    op = _ops.record(c.ctx, "k")
+    assert next(op)[1].request.ID == 3
+
+
 def test_bad_input_is_refused_when_the_operation_is_built() -> None:
     ctx = Ctx().ctx
     for build, argument in (
@@ -146,6 +310,9 @@ def test_bad_input_is_refused_when_the_operation_is_built() -> None:
         (lambda: _ops.transfer(ctx, "k", "a", "", TTL_MS), "to_owner"),
         (lambda: _ops.release(ctx, "k" * 1025, "a"), "key"),
         (lambda: _ops.inspect(ctx, None, 0), "limit"),
+        (lambda: _ops.acquire(ctx, "k", "a", TTL_MS, b"x" * 4097), "metadata"),
+        (lambda: _ops.transfer(ctx, "k", "a", "b", TTL_MS, 5), "metadata"),
+        (lambda: _ops.record(ctx, ""), "key"),
     ):
         with pytest.raises(InvalidLeaseArgument) as caught:
             build()
@@ -157,7 +324,13 @@ def test_release_frees_the_key_and_revokes_the_lease_it_left_empty() -> None:
     op = _ops.release(c.ctx, "k", "a")
     txn = next(op)
     [compare] = txn.request.compare
-    assert (compare.key, compare.value) == (record("k", "a"), b"a")
+    # That the record exists, whatever its value (which may carry metadata).
+    assert (compare.key, compare.target, compare.result, compare.create_revision) == (
+        record("k", "a"),
+        pb.Compare.CREATE,
+        pb.Compare.GREATER,
+        0,
+    )
     deleted = pb.ResponseOp(
         response_delete_range=pb.DeleteRangeResponse(prev_kvs=[kv("k", "a", lease=9)])
     )

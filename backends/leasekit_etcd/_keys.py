@@ -2,12 +2,16 @@
 
 A live lease on key ``k`` held by ``o`` is the etcd key
 ``<prefix><escaped k>\\x00<o>``, whose value is ``o`` (UTF-8) and which is bound to an
-etcd lease. The holder is part of the name so that a transfer can delete the old
-holder's record and create the new one in one transaction: the new record's
-``create_revision`` is that transaction's revision, which is the fencing token, while
-a same-owner re-put (a renewal with a different TTL moves the record to a new etcd
-lease) keeps ``create_revision`` and so keeps the token. See ``_txn`` for the
-transactions.
+etcd lease. A holder that stored metadata with its grant has the value
+``<o>\\x00<metadata>`` instead (:func:`record_value`): the owner is known from the
+name, so whatever follows it is unambiguous, any byte included, and a record written
+before metadata existed (the value ``o`` alone) reads as one without metadata.
+
+The holder is part of the name so that a transfer can delete the old holder's record
+and create the new one in one transaction: the new record's ``create_revision`` is
+that transaction's revision, which is the fencing token, while a same-owner re-put (a
+renewal with a different TTL moves the record to a new etcd lease) keeps
+``create_revision`` and so keeps the token. See ``_ops`` for the transactions.
 
 All records of ``k`` live in one contiguous etcd range, the *holder range*
 ``[<prefix><escaped k>\\x00, <prefix><escaped k>\\x01)``. The escaping removes every
@@ -26,7 +30,9 @@ __all__ = [
     "prefix_range",
     "range_end",
     "record_name",
+    "record_value",
     "split_record_name",
+    "split_record_value",
 ]
 
 SEPARATOR = b"\x00"
@@ -100,3 +106,20 @@ def split_record_name(prefix: bytes, name: bytes) -> tuple[str, str] | None:
         return raw.decode(), owner.decode()
     except UnicodeDecodeError:
         return None
+
+
+def record_value(owner: bytes, metadata: bytes | None) -> bytes:
+    """The value of ``owner``'s record: the owner, then its metadata after a NUL if any."""
+    return owner if metadata is None else owner + SEPARATOR + metadata
+
+
+def split_record_value(owner: bytes, value: bytes) -> tuple[bool, bytes | None]:
+    """``(True, metadata)`` of a record of ``owner`` with ``value`` (metadata ``None``
+    if it stored none), or ``(False, None)`` if the value is not one leasekit writes."""
+    if not value.startswith(owner):
+        return False, None
+    if len(value) == len(owner):
+        return True, None
+    if value[len(owner)] != SEPARATOR[0]:
+        return False, None
+    return True, value[len(owner) + 1 :]

@@ -1,15 +1,20 @@
-"""Release notifications from etcd watches, multiplexed on the client's one watch stream.
+"""Release and grant notifications from etcd watches, on the client's one watch stream.
 
 A lease's records live under one key range (``holder_range``); a release, a transfer
 (the old holder's record is deleted) and an expiry (etcd deletes the records of an
 expired etcd lease) all show up as a ``DELETE`` event in that range. So one watch per
-waited-for key, filtered to deletes at the server, covers every way a key may become
-free, expiry included. aetcd multiplexes every watch of a ``Watcher`` on one gRPC stream.
+waited-for key covers every way a key may become free, expiry included. A grant of a
+free key and a transfer create a record (the holder is in its name): a ``PUT`` event
+of version 1. The holder's own re-puts (moved to another etcd lease for a new TTL, or
+given new metadata by its re-acquire) are later versions of its record, and renewals
+by keep-alive touch no key, so neither is a grant. aetcd multiplexes every watch of a
+``Watcher`` on one gRPC stream.
 
 :class:`EtcdReleaseListener` starts a key's watch with its first waiter and cancels it
-with its last; each delete wakes that key's waiters through the toolkit's
-:class:`~leasekit.backend.ReleaseHub`. A watch that fails (the member went away) wakes
-its waiters, who look again, and is created afresh by the next wait.
+with its last; each delete wakes that key's waiters, and each creation its grant
+watchers, through the toolkit's :class:`~leasekit.backend.ReleaseHub`. A watch that
+fails (the member went away) wakes its waiters, who look again, and is created afresh
+by the next wait.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ _log = logging.getLogger("leasekit.etcd")
 
 
 class EtcdReleaseListener:
-    """Per-key delete watches on one multiplexed watch stream, fanned out to waiters.
+    """Per-key record watches on one multiplexed watch stream, fanned out to waiters.
 
     ``watcher()`` returns the ``aetcd.watcher.Watcher`` to use (one per channel; the
     provider builds it on its current member's channel, TLS and auth included), and
@@ -57,9 +62,12 @@ class EtcdReleaseListener:
         # shut down, which must happen before the event loop closes.
         self._watchers: dict[int, Any] = {}
 
-    async def watch(self, key: str, start: bytes, end: bytes) -> ReleaseWatch:
-        """Watch ``key`` (records in ``[start, end)``); returns once etcd created the watch."""
-        watch = self.hub.watch(key)
+    async def watch(
+        self, key: str, start: bytes, end: bytes, *, grants: bool = False
+    ) -> ReleaseWatch:
+        """Watch ``key`` (records in ``[start, end)``), for grants too with ``grants``;
+        returns once etcd created the watch."""
+        watch = self.hub.watch(key, grants=grants)
         try:
             if key not in self._watching:
                 await asyncio.wait_for(self._ensure(key, start, end), self._timeout_s)
@@ -89,10 +97,14 @@ class EtcdReleaseListener:
                 self._watching.pop(key, None)
                 if self._on_lost is not None:
                     self._on_lost()
+            elif event_or_error.kind == EventKind.PUT:
+                if event_or_error.kv.version == 1:  # a record created: a new holder
+                    self.hub.notify(key, granted=True)
+                return
             self.hub.notify(key)
 
         self._watchers[id(watcher)] = watcher
-        callback = await watcher.add_callback(start, on_event, range_end=end, kind=EventKind.DELETE)
+        callback = await watcher.add_callback(start, on_event, range_end=end)
         self._watching[key] = (watcher, callback.watch_id)
 
     def _drop(self, key: str) -> None:

@@ -2,12 +2,13 @@
 """etcd's transactions and every operation built on them, as sans-I/O generators.
 
 Each operation (:func:`acquire`, :func:`owner`, :func:`release`, :func:`release_grant`,
-:func:`renew`, :func:`transfer`, and the extras :func:`inspect`, :func:`lease_ids`,
-:func:`revoke`, :func:`ping`) is a :data:`leasekit.backend.Operation`: it yields a
-:class:`Call` (one etcd RPC and its request; a tuple of them for calls that may run
-side by side) and is sent the reply, or thrown the ``grpc.RpcError``. It knows no
-channel: the asyncio transport (``_aio``) and the blocking one (``_blocking``) send the
-calls, with failover and one deadline per operation. What an operation needs beyond
+:func:`renew`, :func:`transfer`, and the extras :func:`record`, :func:`inspect`,
+:func:`lease_ids`, :func:`revoke`, :func:`ping`) is a
+:data:`leasekit.backend.Operation`: it yields a :class:`Call` (one etcd RPC and its
+request; a tuple of them for calls that may run side by side) and is sent the reply,
+or thrown the ``grpc.RpcError``. It knows no channel: the asyncio transport (``_aio``)
+and the blocking one (``_blocking``) send the calls, with failover and one deadline
+per operation. What an operation needs beyond
 its arguments (the key prefix, the provider's etcd leases) is a :class:`Context`.
 Each public factory validates its arguments before returning the generator, so
 neither provider repeats that, and nothing is sent on bad input.
@@ -30,18 +31,25 @@ chosen branch see and change one revision of the store, with nothing in between,
 every member alike. So each write below is decided and done atomically, cluster-wide.
 
 Layout (``_keys``): a live lease on key ``k`` held by ``o`` is the record
-``R(k, o) = <prefix><escaped k>\\x00<o>`` with value ``o``, bound to an etcd lease
-whose TTL is the lease's TTL in whole seconds (one more with ``reuse_leases``, see
-``_pool``), carrying no other record. All records of ``k`` sit in the holder
-range ``H(k)``; the transactions keep at most one there. When the etcd lease expires
-or is revoked, etcd deletes the record in the same step: that is expiry, on the
-leader's clock.
+``R(k, o) = <prefix><escaped k>\\x00<o>`` with value ``o`` (``o\\x00m`` when the holder
+stored metadata ``m`` with its grant), bound to an etcd lease whose TTL is the lease's
+TTL in whole seconds (one more with ``reuse_leases``, see ``_pool``), carrying no other
+record. Metadata is part of the record, so it is granted, handed on and deleted in the
+same transaction as the record, and a denied acquire reads it with the holder. All
+records of ``k`` sit in the holder range ``H(k)``; the transactions keep at most one
+there. When the etcd lease expires or is revoked, etcd deletes the record in the same
+step: that is expiry, on the leader's clock.
 
 The fencing token is the record's ``create_revision``: the revision of the transaction
 that created it, which is a grant of a free key or a transfer. etcd revisions grow
 strictly across the whole cluster and survive restarts and leader changes, so tokens
 do too. Re-putting the same record (the holder moving to a new etcd lease for a new
 TTL) keeps ``create_revision``, so the holder keeps its token.
+
+The writes by a holder compare that its record exists (``create_revision > 0``), not
+its value: the name says whose it is, and the value may carry metadata. A renewal
+that moves the record to another etcd lease puts it with ``ignore_value``, so it keeps
+its metadata.
 
 etcd refuses a transaction that puts and deletes the same key; these never do (a
 transfer deletes ``R(k, from)`` and puts ``R(k, to)``, two names).
@@ -59,6 +67,7 @@ from leasekit import (
     LeaseBackendError,
     LeaseResult,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -78,6 +87,7 @@ __all__ = [
     "lease_ids",
     "owner",
     "ping",
+    "record",
     "release",
     "release_grant",
     "renew",
@@ -119,8 +129,9 @@ class Context:
     none, every empty lease is revoked); ``revoke_later(lease)`` is the transport's way
     to revoke one in the background; ``now()`` is the clock the pool's times are on,
     ``call_at(when, callback)`` the driver's way to run its timers on that clock.
-    ``seen_held`` remembers keys seen held, only a hint of whether to look before
-    granting. ``min_ttl_s`` is the shortest TTL etcd grants, as last learnt.
+    ``seen_held`` remembers keys seen held and the etcd lease their record was on, only
+    hints: whether to look before granting, and which etcd lease to ask the time left
+    of while the record is read. ``min_ttl_s`` is the shortest TTL etcd grants, as last learnt.
     """
 
     __slots__ = (
@@ -176,22 +187,28 @@ class Context:
 
 
 class _RecentKeys:
-    """The last ``size`` keys this provider saw held (by anyone), oldest forgotten first.
+    """The last ``size`` keys this provider saw held (by anyone), oldest forgotten first,
+    each with the etcd lease its record was seen on (0 if not known).
 
-    Only a hint for how to acquire (look first, or grant first): a stale entry costs a
-    round trip, never a wrong answer (and a lost update between threads no more).
+    Only hints, for how to acquire (look first, or grant first) and for which etcd
+    lease to ask about while a record is read: a stale entry costs a round trip, never a
+    wrong answer (and a lost update between threads no more).
     """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: OrderedDict[str, int] = OrderedDict()
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def add(self, key: str) -> None:
+    def lease_of(self, key: str) -> int:
+        """The etcd lease ``key``'s record was last seen on, 0 if not known."""
+        return self._keys.get(key, 0)
+
+    def add(self, key: str, lease: int = 0) -> None:
         keys = self._keys
-        keys[key] = None
+        keys[key] = lease
         try:
             keys.move_to_end(key)
             if len(keys) > self._size:
@@ -226,71 +243,73 @@ def read_record(record: bytes) -> _rpc.Request:
 
 
 def acquire_free_txn(
-    start: bytes, end: bytes, record: bytes, owner: bytes, lease: int
+    start: bytes, end: bytes, record: bytes, value: bytes, lease: int
 ) -> _rpc.Request:
     """Grant a free key: if ``H(k)`` is empty, create ``R(k, o)`` on ``lease``.
 
     Compare: ``create_revision == 0`` over all of ``H(k)`` (no record at all).
-    Success: put ``R(k, o) = o`` with ``lease``; the response header's revision is the
-    record's ``create_revision``, the new token. Failure: read the holder's record in
-    the same transaction, so the holder a denied caller is told about is the one that
-    denied it, never a second read's.
+    Success: put ``R(k, o) = value`` (the owner, and its metadata) with ``lease``; the
+    response header's revision is the record's ``create_revision``, the new token.
+    Failure: read the holder's record in the same transaction, so the holder a denied
+    caller is told about, and its metadata, are the ones that denied it, never a second
+    read's.
     """
     return _rpc.txn_request(
         [_rpc.compare_create(start, end, 0)],
-        [_rpc.put_op(record, owner, lease)],
+        [_rpc.put_op(record, value, lease)],
         [_rpc.range_op(start, end, limit=1)],
     )
 
 
-def relet_txn(record: bytes, owner: bytes, lease: int) -> _rpc.Request:
+def relet_txn(record: bytes, value: bytes | None, lease: int) -> _rpc.Request:
     """Move ``o``'s live record to a fresh ``lease`` (a new TTL), keeping its token.
 
-    Compare: ``R(k, o)`` still has value ``o`` (false if it is gone: expired, released,
+    Compare: ``R(k, o)`` still exists (false if it is gone: expired, released,
     transferred). Success: put it again on ``lease`` with ``prev_kv``, which names the
     old etcd lease for the caller to revoke; ``create_revision`` is unchanged, so the
-    token is too. Failure: nothing.
+    token is too. The value becomes ``value`` (the holder's re-acquire sets its
+    metadata), or stays as it is with ``None`` (a renewal keeps it). Failure: nothing.
     """
     return _rpc.txn_request(
-        [_rpc.compare_value(record, owner)],
-        [_rpc.put_op(record, owner, lease, prev_kv=True)],
+        [_rpc.compare_exists(record)],
+        [_rpc.put_op(record, value, lease, prev_kv=True)],
         [],
     )
 
 
-def release_txn(record: bytes, owner: bytes) -> _rpc.Request:
-    """Free the key if ``o`` holds it: compare ``R(k, o) == o``, then delete it.
+def release_txn(record: bytes) -> _rpc.Request:
+    """Free the key if ``o`` holds it: compare that ``R(k, o)`` exists, then delete it
+    (and its metadata with it).
 
     ``prev_kv`` names the etcd lease the record was on, for the caller to revoke.
     Anyone else's release finds no such record and changes nothing.
     """
     return _rpc.txn_request(
-        [_rpc.compare_value(record, owner)],
+        [_rpc.compare_exists(record)],
         [_rpc.delete_op(record, prev_kv=True)],
         [],
     )
 
 
-def release_grant_txn(record: bytes, owner: bytes, token: int) -> _rpc.Request:
-    """Free the key if ``o`` holds it with fencing token ``token``: compare ``R(k, o) ==
-    o`` and its ``create_revision == token``, then delete it.
+def release_grant_txn(record: bytes, token: int) -> _rpc.Request:
+    """Free the key if ``o`` holds it with fencing token ``token``: compare that
+    ``R(k, o)`` has ``create_revision == token`` (so it exists), then delete it.
 
     The undo of a grant whose caller was cancelled (``leasekit.backend.SupportsReleaseGrant``):
     a later grant of the key to ``o`` is a new record with a new ``create_revision`` and
     is left alone. ``prev_kv`` names the etcd lease to revoke, as for :func:`release_txn`.
     """
     return _rpc.txn_request(
-        [_rpc.compare_value(record, owner), _rpc.compare_create(record, b"", token)],
+        [_rpc.compare_create(record, b"", token)],
         [_rpc.delete_op(record, prev_kv=True)],
         [],
     )
 
 
-def transfer_txn(
-    from_record: bytes, from_owner: bytes, to_record: bytes, to_owner: bytes, lease: int
-) -> _rpc.Request:
-    """Hand a held key on without a gap: compare ``R(k, from) == from``, then in the
-    same step delete it and create ``R(k, to)`` on ``lease``.
+def transfer_txn(from_record: bytes, to_record: bytes, to_value: bytes, lease: int) -> _rpc.Request:
+    """Hand a held key on without a gap: compare that ``R(k, from)`` exists, then in the
+    same step delete it and create ``R(k, to) = to_value`` (the new owner and the
+    metadata given for it, never the old holder's) on ``lease``.
 
     ``H(k)`` is never empty in between (there is no in between). The new record's
     ``create_revision`` (the response header's revision) is a new, larger token;
@@ -298,44 +317,58 @@ def transfer_txn(
     caller handles ``from == to`` as a renewal, since both names would be the same key.
     """
     return _rpc.txn_request(
-        [_rpc.compare_value(from_record, from_owner)],
-        [_rpc.delete_op(from_record, prev_kv=True), _rpc.put_op(to_record, to_owner, lease)],
+        [_rpc.compare_exists(from_record)],
+        [_rpc.delete_op(from_record, prev_kv=True), _rpc.put_op(to_record, to_value, lease)],
         [],
     )
 
 
 # -- reading the replies ------------------------------------------------------------------------
 
-Listed = tuple[str, str, int, int]
-"""A record as ``inspect`` first reads it: key, owner, token, etcd lease."""
+Listed = tuple[str, str, int, int, bytes | None]
+"""A record as ``inspect`` first reads it: key, owner, token, etcd lease, metadata."""
+
+Holder = tuple[str, bytes | None]
+"""Who holds a key, and the metadata stored with its grant."""
 
 
-def owner_of(prefix: bytes, kv: _rpc.KeyValue, key: str | None) -> str:
-    """The owner a record names, checked against its value and its etcd lease."""
-    parsed = _keys.split_record_name(prefix, kv.key)
-    if parsed is None or parsed[1].encode() != kv.value or not kv.lease:
+def parsed(prefix: bytes, kv: _rpc.KeyValue) -> tuple[str, str, bytes | None] | None:
+    """``(key, owner, metadata)`` of a record leasekit wrote, or None if it is not one:
+    a name of ours, a value that starts with its owner, bound to an etcd lease."""
+    names = _keys.split_record_name(prefix, kv.key)
+    if names is None or not kv.lease:
+        return None
+    ours, metadata = _keys.split_record_value(names[1].encode(), kv.value)
+    return (names[0], names[1], metadata) if ours else None
+
+
+def holder_of(prefix: bytes, kv: _rpc.KeyValue, key: str | None) -> Holder:
+    """The owner a record names and its metadata, checked against its value and its
+    etcd lease."""
+    found = parsed(prefix, kv)
+    if found is None:
         raise LeaseBackendError(
             f"unexpected data at etcd key {kv.key!r:.80} ({kv.value!r:.40}); is another "
             f"program writing under the prefix {prefix.decode(errors='replace')!r}?",
             backend="etcd",
             key=key,
         )
-    return parsed[1]
+    return found[1], found[2]
 
 
 def holder(prefix: bytes, reply: _rpc.RangeResponse, key: str) -> _rpc.KeyValue | None:
     """The holder's record from :func:`read_holder`'s reply (checked), or None if free."""
     if not reply.kvs:
         return None
-    owner_of(prefix, reply.kvs[0], key)
+    holder_of(prefix, reply.kvs[0], key)
     return reply.kvs[0]
 
 
-def denied_holder(prefix: bytes, reply: _rpc.TxnResponse, key: str) -> str | None:
-    """Who held the key when :func:`acquire_free_txn` took its failure branch, read in
-    that same transaction: the holder that denied it."""
+def denied_holder(prefix: bytes, reply: _rpc.TxnResponse, key: str) -> Holder | None:
+    """Who held the key, and its metadata, when :func:`acquire_free_txn` took its failure
+    branch, read in that same transaction: the holder that denied it."""
     kvs = reply.responses[0].response_range.kvs
-    return owner_of(prefix, kvs[0], key) if kvs else None
+    return holder_of(prefix, kvs[0], key) if kvs else None
 
 
 def granted(reply: _rpc.LeaseGrantResponse) -> tuple[int, int]:
@@ -366,10 +399,11 @@ def listed(prefix: bytes, reply: _rpc.RangeResponse) -> list[Listed]:
     """The records in one ``inspect`` batch; what leasekit did not write is skipped."""
     found: list[Listed] = []
     for kv in reply.kvs:
-        parsed = _keys.split_record_name(prefix, kv.key)
-        if parsed is None or parsed[1].encode() != kv.value or not kv.lease:
+        record = parsed(prefix, kv)
+        if record is None:
             continue  # not ours; inspect reports, it does not judge
-        found.append((parsed[0], parsed[1], kv.create_revision, kv.lease))
+        key, owner, metadata = record
+        found.append((key, owner, kv.create_revision, kv.lease, metadata))
     return found
 
 
@@ -382,12 +416,22 @@ def owner(ctx: Context, key: str) -> Operation[Request, str | None]:
     return _owner(ctx, key)
 
 
-def acquire(ctx: Context, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
-    """Acquire ``key`` for ``owner`` (a :class:`~leasekit.LeaseResult`)."""
+def acquire(
+    ctx: Context, key: str, owner: str, ttl_ms: int, metadata: object = None
+) -> Operation[Request, LeaseResult]:
+    """Acquire ``key`` for ``owner`` (a :class:`~leasekit.LeaseResult`), storing
+    ``metadata`` with the grant (the holder's re-acquire sets it; None clears it)."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    return _acquire(ctx, key, owner, ttl_s(ttl_ms))
+    data = None if metadata is None else validate_metadata(metadata)
+    return _acquire(ctx, key, owner, ttl_s(ttl_ms), data)
+
+
+def record(ctx: Context, key: str) -> Operation[Request, LeaseRecord | None]:
+    """The live lease of ``key`` (owner, token, metadata, time left), or None if free."""
+    validate_key(key)
+    return _record(ctx, key)
 
 
 def renew(ctx: Context, key: str, owner: str, ttl_ms: int) -> Operation[Request, bool]:
@@ -412,18 +456,21 @@ def release_grant(ctx: Context, key: str, owner: str, token: int) -> Operation[R
     return _release_grant(ctx, key, owner, token)
 
 
-def transfer(
-    ctx: Context, key: str, from_owner: str, to_owner: str, ttl_ms: int
+def transfer(  # noqa: PLR0917 (the contract's arguments, in its order)
+    ctx: Context, key: str, from_owner: str, to_owner: str, ttl_ms: int, metadata: object = None
 ) -> Operation[Request, bool]:
-    """Hand ``key`` from ``from_owner`` to ``to_owner`` in one transaction (a renewal
-    when they are the same); False if ``from_owner`` does not hold it."""
+    """Hand ``key`` from ``from_owner`` to ``to_owner`` in one transaction, with
+    ``metadata`` for the new owner (a renewal that sets the metadata when they are the
+    same); False if ``from_owner`` does not hold it."""
     validate_key(key)
     validate_owner(from_owner, "from_owner")
     validate_owner(to_owner, "to_owner")
     validate_ttl_ms(ttl_ms)
+    data = None if metadata is None else validate_metadata(metadata)
+    value = _keys.record_value(to_owner.encode(), data)
     if from_owner == to_owner:
-        return _renew(ctx, key, from_owner, ttl_s(ttl_ms))
-    return _transfer(ctx, key, from_owner, to_owner, ttl_s(ttl_ms))
+        return _renew(ctx, key, from_owner, ttl_s(ttl_ms), value)
+    return _transfer(ctx, key, from_owner, to_owner, ttl_s(ttl_ms), value)
 
 
 def inspect(
@@ -542,13 +589,54 @@ def _txn_on(
 def _owner(ctx: Context, key: str) -> Op:
     start, end = _keys.holder_range(ctx.prefix, key)
     kv = holder(ctx.prefix, (yield from _range(read_holder(start, end))), key)
-    return None if kv is None else kv.value.decode()
+    return None if kv is None else holder_of(ctx.prefix, kv, key)[0]
 
 
-def _acquire(ctx: Context, key: str, owner: str, ttl_s: int) -> Op:
+def _time_to_live(lease: int) -> Call:
+    return Call("LeaseTimeToLive", _rpc.lease_time_to_live_request(lease), safe=True)
+
+
+def _record(ctx: Context, key: str) -> Op:
+    start, end = _keys.holder_range(ctx.prefix, key)
+    seen = ctx.seen_held
+    ended = 0
+    while True:
+        # The time left is the etcd lease's, by etcd's lessor (whole seconds, rounded
+        # down, so never more than is left), which no read of the record can return. If
+        # this provider knows which etcd lease the record was on, both are asked side by
+        # side: one round trip while the record stays there (renewed by keep-alives).
+        guess = seen.lease_of(key)
+        ttl: _rpc.LeaseTimeToLiveResponse | None = None
+        if guess:
+            reply, ttl = yield (
+                Call("Range", read_holder(start, end), safe=True),
+                _time_to_live(guess),
+            )
+        else:
+            reply = yield from _range(read_holder(start, end))
+        kv = holder(ctx.prefix, reply, key)
+        if kv is None:
+            seen.discard(key)
+            return None
+        seen.add(key, kv.lease)
+        if ttl is None or kv.lease != guess:
+            ttl = yield _time_to_live(kv.lease)
+        if ttl.TTL >= 0 or kv.lease == ended:
+            owner, metadata = holder_of(ctx.prefix, kv, key)
+            # Under a second left; or the etcd lease ran out (twice on the same one) and
+            # its record, still there, is about to be deleted with it.
+            return LeaseRecord(key, owner, kv.create_revision, max(ttl.TTL * 1000, 1), metadata)
+        # The etcd lease is gone or ran out: the record expired with it (etcd deletes it
+        # within half a second), or moved to another etcd lease between the two calls (a
+        # renewal for another TTL). Look again.
+        ended = kv.lease
+        seen.add(key)
+
+
+def _acquire(ctx: Context, key: str, owner: str, ttl_s: int, metadata: bytes | None) -> Op:
     start, end = _keys.holder_range(ctx.prefix, key)
     record = _keys.record_name(ctx.prefix, key, owner)
-    owner_b = owner.encode()
+    value = _keys.record_value(owner.encode(), metadata)
     seen = ctx.seen_held
     look_first = key in seen
     while True:
@@ -557,78 +645,86 @@ def _acquire(ctx: Context, key: str, owner: str, ttl_s: int) -> Op:
             # one read and writes nothing.
             kv = holder(ctx.prefix, (yield from _range(read_holder(start, end))), key)
             if kv is not None:
-                holder_now = kv.value.decode()
+                holder_now, holder_metadata = holder_of(ctx.prefix, kv, key)
                 if holder_now != owner:
-                    seen.add(key)
-                    return LeaseResult(False, holder_now, None)
-                if (yield from _reset_ttl(ctx, record, owner, kv.lease, ttl_s)):
-                    seen.add(key)
-                    return LeaseResult(True, owner, kv.create_revision)
+                    seen.add(key, kv.lease)
+                    return LeaseResult(False, holder_now, None, holder_metadata)
+                # Ours: a full TTL again, and the metadata given now if it differs.
+                rewrite = None if kv.value == value else value
+                on = yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite)
+                if on:
+                    seen.add(key, on)
+                    return LeaseResult(True, owner, kv.create_revision, metadata)
                 continue  # our record ended meanwhile (expired): look again
         # Otherwise expect it free: take it in one transaction, on an idle etcd lease of
         # this provider's, or on one granted first.
         reply, lease, idle = yield from _bind(
-            ctx, ttl_s, lambda lease: acquire_free_txn(start, end, record, owner_b, lease)
+            ctx, ttl_s, lambda lease: acquire_free_txn(start, end, record, value, lease)
         )
         if reply.succeeded:
             ctx.bindings.bound(record, lease)
-            seen.add(key)
-            return LeaseResult(True, owner, reply.header.revision)
+            seen.add(key, lease)
+            return LeaseResult(True, owner, reply.header.revision, metadata)
         holder_then = denied_holder(ctx.prefix, reply, key)
-        if holder_then == owner:
+        if holder_then is not None and holder_then[0] == owner:
             # Already ours: move our record onto that lease (the requested TTL), keeping
-            # its token.
-            token = yield from _relet_onto(ctx, record, owner, ttl_s, lease, idle=idle)
-            if token is not None:
-                seen.add(key)
-                return LeaseResult(True, owner, token)
+            # its token, with the metadata given now.
+            moved = yield from _relet_onto(ctx, record, ttl_s, lease, value, idle=idle)
+            if moved is not None:
+                seen.add(key, moved[1])
+                return LeaseResult(True, owner, moved[0], metadata)
         else:
             # Never bound (the transaction took its failure branch): it carries
             # nothing, so it can be bound again.
             ctx.left_empty(lease)
             if holder_then is not None:
-                seen.add(key)
-                return LeaseResult(False, holder_then, None)
+                seen.add(key, reply.responses[0].response_range.kvs[0].lease)
+                return LeaseResult(False, holder_then[0], None, holder_then[1])
         look_first = True  # it changed under us: look, then decide
 
 
-def _renew(ctx: Context, key: str, owner: str, ttl_s: int) -> Op:
+def _renew(ctx: Context, key: str, owner: str, ttl_s: int, value: bytes | None = None) -> Op:
     record = _keys.record_name(ctx.prefix, key, owner)
     kv = holder(ctx.prefix, (yield from _range(read_record(record))), key)
     if kv is None:
         return False
-    return (yield from _reset_ttl(ctx, record, owner, kv.lease, ttl_s))
+    rewrite = None if value is None or kv.value == value else value
+    return bool((yield from _reset_ttl(ctx, record, kv.lease, ttl_s, rewrite)))
 
 
-def _reset_ttl(ctx: Context, record: bytes, owner: str, lease: int, ttl_s: int) -> Op:
-    """Give ``owner``'s live record a full ``ttl_s`` again; False if it ended."""
-    ctx.bindings.keep_if_on(record, lease)
-    granted_s = yield from _keep_alive(ctx, lease)
-    if granted_s <= 0:
-        return False  # the etcd lease expired: the record is gone with it
-    granted = ctx.granted_ttl_s
-    if granted(ttl_s) <= granted_s <= granted(ttl_s + ctx.pool.extra_s(ttl_s)):
-        return True
+def _reset_ttl(ctx: Context, record: bytes, lease: int, ttl_s: int, value: bytes | None) -> Op:
+    """Give a live record a full ``ttl_s`` again, and the value ``value`` (None: keep
+    the one it has); returns the etcd lease it is on then, 0 if it ended."""
+    if value is None:
+        ctx.bindings.keep_if_on(record, lease)
+        granted_s = yield from _keep_alive(ctx, lease)
+        if granted_s <= 0:
+            return 0  # the etcd lease expired: the record is gone with it
+        granted = ctx.granted_ttl_s
+        if granted(ttl_s) <= granted_s <= granted(ttl_s + ctx.pool.extra_s(ttl_s)):
+            return lease
     # A keep-alive restores the TTL the etcd lease was granted with; a different TTL
-    # needs another etcd lease, and the record moved onto it.
+    # needs another etcd lease, and the record moved onto it. A new value needs a put
+    # anyway, so it moves too, in the same transaction (and needs no keep-alive).
     fresh, idle = yield from _lease_for(ctx, ttl_s)
-    return (yield from _relet_onto(ctx, record, owner, ttl_s, fresh, idle=idle)) is not None
+    moved = yield from _relet_onto(ctx, record, ttl_s, fresh, value, idle=idle)
+    return 0 if moved is None else moved[1]
 
 
 def _relet_onto(
-    ctx: Context, record: bytes, owner: str, ttl_s: int, fresh: int, *, idle: bool
+    ctx: Context, record: bytes, ttl_s: int, fresh: int, value: bytes | None, *, idle: bool
 ) -> Op:
-    """Move ``owner``'s live record onto the etcd lease ``fresh`` and let the old one
-    go; returns the (unchanged) token, or None if it ended (``fresh`` unused).
+    """Move a live record onto the etcd lease ``fresh`` (with the value ``value``, or
+    the one it has if None) and let the old lease go; returns the (unchanged) token and
+    the etcd lease it is on now, or None if it ended (``fresh`` unused).
 
     Neither lease carries a record then: either is kept for reuse if it is this
     provider's, revoked in the background if not. An ``idle`` lease that etcd no longer
     has fails the move with nothing written; the move is retried on a fresh grant
     (:func:`_bind`).
     """
-    owner_b = owner.encode()
     reply, fresh, _ = yield from _txn_on(
-        ctx, ttl_s, fresh, idle, lambda lease: relet_txn(record, owner_b, lease)
+        ctx, ttl_s, fresh, idle, lambda lease: relet_txn(record, value, lease)
     )
     if not reply.succeeded:
         ctx.left_empty(fresh)
@@ -637,14 +733,14 @@ def _relet_onto(
     if left is not None:
         ctx.left_empty(left)
     ctx.bindings.bound(record, fresh)
-    return token
+    return token, fresh
 
 
 def _release(ctx: Context, key: str, owner: str) -> Op:
     record = _keys.record_name(ctx.prefix, key, owner)
     bindings = ctx.bindings
     try:
-        reply = yield from _txn(release_txn(record, owner.encode()))
+        reply = yield from _txn(release_txn(record))
     except BaseException:
         # Cancelled (the operation closed), or failed after the transaction may have
         # been sent: it may land now, later or never. Revoking the etcd lease this
@@ -666,19 +762,20 @@ def _release(ctx: Context, key: str, owner: str) -> Op:
 
 def _release_grant(ctx: Context, key: str, owner: str, token: int) -> Op:
     record = _keys.record_name(ctx.prefix, key, owner)
-    reply = yield from _txn(release_grant_txn(record, owner.encode(), token))
+    reply = yield from _txn(release_grant_txn(record, token))
     if reply.succeeded:
         ctx.seen_held.discard(key)
         for lease in detached_leases(reply):
             ctx.left_empty(lease)
 
 
-def _transfer(ctx: Context, key: str, from_owner: str, to_owner: str, ttl_s: int) -> Op:
+def _transfer(  # noqa: PLR0917 (transfer's arguments, in its order)
+    ctx: Context, key: str, from_owner: str, to_owner: str, ttl_s: int, value: bytes
+) -> Op:
     from_record = _keys.record_name(ctx.prefix, key, from_owner)
     to_record = _keys.record_name(ctx.prefix, key, to_owner)
-    from_b, to_b = from_owner.encode(), to_owner.encode()
     reply, lease, _ = yield from _bind(
-        ctx, ttl_s, lambda lease: transfer_txn(from_record, from_b, to_record, to_b, lease)
+        ctx, ttl_s, lambda lease: transfer_txn(from_record, to_record, value, lease)
     )
     if not reply.succeeded:
         ctx.left_empty(lease)  # never bound
@@ -706,15 +803,15 @@ def _inspect(ctx: Context, key_prefix: str | None, limit: int) -> Op:
         (
             yield tuple(
                 Call("LeaseTimeToLive", _rpc.lease_time_to_live_request(lease), safe=True)
-                for *_, lease in found
+                for _, _, _, lease, _ in found
             )
         )
         if found
         else []
     )
     return [
-        LeaseRecord(key, owner, token, ttl.TTL * 1000)
-        for (key, owner, token, _), ttl in zip(found, ttls, strict=True)
+        LeaseRecord(key, owner, token, ttl.TTL * 1000, metadata)
+        for (key, owner, token, _, metadata), ttl in zip(found, ttls, strict=True)
         if ttl.TTL > 0
     ]
 

@@ -67,8 +67,12 @@ CAPABILITIES = Capabilities(
     shared_across_processes=True,
     shared_across_hosts=True,
     persistent=True,
-    # A delete watch on the key's records, all on one watch stream (_notify).
+    # A watch on the key's records, all on one watch stream (_notify): its deletes are
+    # releases, transfers and expiries, its creations grants and transfers.
     release_notifications=True,
+    grant_notifications=True,
+    # In the record's value, after the owner (_keys.record_value).
+    metadata=True,
 )
 
 

@@ -227,8 +227,17 @@ class EtcdLeaseProvider(BackendProvider):
 
     # -- the contract, and beyond -------------------------------------------------------
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return await self._run(key, _ops.acquire(self._ctx, key, owner, ttl_ms), owner)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata)
+        return await self._run(key, operation, owner)
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key``, ``None`` if free (``SupportsRecords``): a range read
+        of its record and its etcd lease's time left (whole seconds, rounded down), side
+        by side where this provider saw the record on that etcd lease before."""
+        return await self._run(key, _ops.record(self._ctx, key))
 
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._run(key, _ops.owner(self._ctx, key))
@@ -247,8 +256,16 @@ class EtcdLeaseProvider(BackendProvider):
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._run(key, _ops.renew(self._ctx, key, owner, ttl_ms))
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata)
         return await self._run(key, operation, None if from_owner == to_owner else to_owner)
 
     async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
@@ -260,12 +277,13 @@ class EtcdLeaseProvider(BackendProvider):
         """
         return await self._run(prefix, _ops.inspect(self._ctx, prefix, limit))
 
-    async def watch_release(self, key: str) -> ReleaseWatch:
-        """Watch ``key`` for release, transfer and expiry: a delete watch on its records."""
+    async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
+        """Watch ``key`` for release, transfer and expiry (and, with ``grants``, for the
+        key changing hands): a watch on its records."""
         _ops.owner(self._ctx, key).close()  # validates the key
         start, end = holder_range(self._ctx.prefix, key)
         self._refuse_if_closed()
-        return await self._call(self._listener.watch(key, start, end), key)
+        return await self._call(self._listener.watch(key, start, end, grants=grants), key)
 
     async def break_notifications(self) -> None:
         """Cut the watch stream, as a failed member would (for tests)."""
@@ -364,8 +382,15 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     def _where(self) -> str:
         return _where(self._transport, self.endpoints)
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return self._run(_ops.acquire(self._ctx, key, owner, ttl_ms), key)
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        return self._run(_ops.acquire(self._ctx, key, owner, ttl_ms, metadata), key)
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key``, ``None`` if free, as
+        :meth:`EtcdLeaseProvider.get_lease_record`."""
+        return self._run(_ops.record(self._ctx, key), key)
 
     def get_lease_owner(self, key: str) -> str | None:
         return self._run(_ops.owner(self._ctx, key), key)
@@ -384,8 +409,17 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return self._run(_ops.renew(self._ctx, key, owner, ttl_ms), key)
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        return self._run(_ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms), key)
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata)
+        return self._run(operation, key)
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, as :meth:`EtcdLeaseProvider.inspect`."""

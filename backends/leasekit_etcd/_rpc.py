@@ -43,6 +43,7 @@ __all__ = [
     "blocking_insecure_channel",
     "blocking_secure_channel",
     "compare_create",
+    "compare_exists",
     "compare_value",
     "delete_op",
     "insecure_channel",
@@ -171,6 +172,13 @@ def compare_create(key: bytes, end: bytes, create_revision: int) -> Request:
     )
 
 
+def compare_exists(key: bytes) -> Request:
+    """True when ``key`` exists, whatever its value (its ``create_revision`` is set)."""
+    return _pb.Compare(
+        key=key, target=_pb.Compare.CREATE, result=_pb.Compare.GREATER, create_revision=0
+    )
+
+
 def range_request(
     key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
 ) -> Request:
@@ -189,10 +197,14 @@ def range_op(key: bytes, end: bytes | None = None, *, limit: int = 0) -> Request
     return _pb.RequestOp(request_range=range_request(key, end, limit=limit))
 
 
-def put_op(key: bytes, value: bytes, lease: int, *, prev_kv: bool = False) -> Request:
-    return _pb.RequestOp(
-        request_put=_pb.PutRequest(key=key, value=value, lease=lease, prev_kv=prev_kv)
-    )
+def put_op(key: bytes, value: bytes | None, lease: int, *, prev_kv: bool = False) -> Request:
+    """Put ``key`` on ``lease``; with ``value`` None, keeping the value it has (which
+    fails the whole transaction if ``key`` does not exist: compare first)."""
+    if value is None:
+        put = _pb.PutRequest(key=key, lease=lease, prev_kv=prev_kv, ignore_value=True)
+    else:
+        put = _pb.PutRequest(key=key, value=value, lease=lease, prev_kv=prev_kv)
+    return _pb.RequestOp(request_put=put)
 
 
 def delete_op(key: bytes, *, prev_kv: bool = False) -> Request:
