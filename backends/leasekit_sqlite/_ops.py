@@ -44,6 +44,7 @@ __all__ = [
     "Query",
     "Sweeper",
     "acquire",
+    "acquire_in_turn",
     "acquire_slot",
     "inspect",
     "migrate",
@@ -162,6 +163,43 @@ def _acquire(params: dict[str, Any], owner: str) -> Op[LeaseResult]:
     if holder is not None and holder != owner:
         return LeaseResult(False, holder, None, data)
     return (yield from transaction(_acquire_in_transaction(params, owner)))
+
+
+def acquire_in_turn(
+    key: str, owner: str, ttl_ms: int, place_ttl_ms: int, metadata: bytes | None = None
+) -> Op[LeaseResult]:
+    """``acquire`` in arrival order: granted in ``owner``'s turn, else its place kept.
+
+    One IMMEDIATE transaction (``leasekit.backend.SupportsFairWaiting``).
+    """
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    validate_ttl_ms(place_ttl_ms, "place_ttl_ms")
+    data = None if metadata is None else validate_metadata(metadata)
+    params = {
+        **key_params(key, owner=owner),
+        "ttl_ms": ttl_ms,
+        "metadata": data,
+        "place_ttl_ms": place_ttl_ms,
+    }
+    return transaction(_acquire_in_turn(params, owner))
+
+
+def _acquire_in_turn(params: dict[str, Any], owner: str) -> Op[LeaseResult]:
+    yield Query(_sql.LINE_DROP_LAPSED, params, "rowcount")
+    holder, head = yield Query(_sql.LINE_STATE, params)
+    me = params["owner"]
+    if holder == me or (holder is None and head in (None, me)):
+        rows = yield Query(_sql.ACQUIRE, params, "rows")
+        if rows:  # always, with the write lock held since the state was read
+            yield Query(_sql.LINE_LEAVE, params, "rowcount")
+            return LeaseResult(True, owner, int(rows[0][0]), params["metadata"])
+    yield Query(_sql.LINE_JOIN, params, "rowcount")
+    if holder is None:
+        return LeaseResult(False, None, None)  # free, but not the caller's turn
+    name, data = _denied((yield Query(_sql.HOLDER, params)))
+    return LeaseResult(False, name, None, data)
 
 
 def _acquire_in_transaction(params: dict[str, Any], owner: str) -> Op[LeaseResult]:

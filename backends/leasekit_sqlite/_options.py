@@ -63,6 +63,7 @@ CAPABILITIES = Capabilities(
     persistent=True,
     metadata=True,
     slots=True,
+    fair_waiting=True,
 )
 
 ERRORS = ErrorMap(

@@ -135,6 +135,25 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
             await self._after_undo(key, owner)
         return await self._write(operation, key, grant=owner)
 
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        One ``BEGIN IMMEDIATE`` transaction over the lease and the key's line of waiters.
+        """
+        data = metadata_for(self, metadata)
+        operation = _ops.acquire_in_turn(key, owner, ttl_ms, place_ttl_ms, data)
+        if self._undos:
+            await self._after_undo(key, owner)
+        return await self._write(operation, key, grant=owner)
+
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._run(_ops.owner(key), key)
 
@@ -295,6 +314,19 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
     ) -> LeaseResult:
         """Blocking :meth:`SQLiteLeaseProvider.acquire_lease`."""
         return self._write(_ops.acquire(key, owner, ttl_ms, metadata_for(self, metadata)), key)
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`SQLiteLeaseProvider.acquire_lease_in_turn`."""
+        data = metadata_for(self, metadata)
+        return self._write(_ops.acquire_in_turn(key, owner, ttl_ms, place_ttl_ms, data), key)
 
     def get_lease_owner(self, key: str) -> str | None:
         """Blocking :meth:`SQLiteLeaseProvider.get_lease_owner`."""

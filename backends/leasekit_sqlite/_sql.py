@@ -76,6 +76,17 @@ CREATE_SCHEMA = (
         intent_expires_at_ms INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID
     """,
+    # Fair waiting: each key's line of waiters, in arrival order (seq), each place
+    # lapsing at expires_at_ms unless its waiter comes back before.
+    """
+    CREATE TABLE IF NOT EXISTS leasekit_line (
+        key BLOB NOT NULL,
+        owner BLOB NOT NULL,
+        seq INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (key, owner)
+    ) WITHOUT ROWID
+    """,
     "INSERT OR IGNORE INTO leasekit_meta (name, value) VALUES ('token_floor', 0)",
     "INSERT OR IGNORE INTO leasekit_meta (name, value) "
     f"VALUES ('schema_version', {SCHEMA_VERSION})",
@@ -305,3 +316,33 @@ SLOT_RECORDS = f"""
     WHERE key = :key AND expires_at_ms > {NOW_MS}
     ORDER BY token
 """
+
+# -- fair waiting ---------------------------------------------------------------------------
+# acquire_lease_in_turn runs in one BEGIN IMMEDIATE transaction: lapsed places dropped,
+# the holder and the head of the line read, then either ACQUIRE (the caller's turn, or
+# its own lease) and the caller's place removed, or the caller's place kept or added.
+
+# :key. Places whose waiter did not come back in time.
+LINE_DROP_LAPSED = f"DELETE FROM leasekit_line WHERE key = :key AND expires_at_ms <= {NOW_MS}"
+
+# :key. The live holder, and the first live place in the line.
+LINE_STATE = f"""
+    SELECT
+        (SELECT owner FROM leasekit_leases WHERE key = :key AND expires_at_ms > {NOW_MS}),
+        (SELECT owner FROM leasekit_line WHERE key = :key ORDER BY seq LIMIT 1)
+"""
+
+# :key, :owner, :place_ttl_ms. A new place goes last; a kept one keeps its seq.
+LINE_JOIN = f"""
+    INSERT INTO leasekit_line (key, owner, seq, expires_at_ms)
+    VALUES (
+        :key,
+        :owner,
+        COALESCE((SELECT MAX(seq) FROM leasekit_line WHERE key = :key), 0) + 1,
+        {NOW_MS} + :place_ttl_ms
+    )
+    ON CONFLICT (key, owner) DO UPDATE SET expires_at_ms = excluded.expires_at_ms
+"""
+
+# :key, :owner. The caller was served: out of the line.
+LINE_LEAVE = "DELETE FROM leasekit_line WHERE key = :key AND owner = :owner"
