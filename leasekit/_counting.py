@@ -63,6 +63,7 @@ class CountingLeaseProvider:
             grant_notifications=False,
             metadata=False,
             slots=False,
+            fair_waiting=False,
         )
         self._close = close
         self._closed = False

@@ -5,6 +5,10 @@ Waiting for the key (``wait_s``) is :mod:`leasekit._waiting`'s, the renew loop
 so it works on every backend. Time on this side is the holder's monotonic clock, used
 only to decide when the holder must *stop believing* it holds a lease; the store's clock
 still decides expiry.
+
+One module, over 500 lines: the held lease's states (entering, held, lost, handed on,
+left) and the hold() that documents them are read together; the waiting and the renew
+loop already live apart.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -19,14 +18,8 @@ from ._contract import (
     validate_owner,
     validate_ttl_ms,
 )
-from ._errors import InvalidLeaseArgument, LeaseProviderClosed, SlotLimitMismatch
-from ._slots import (
-    EXCLUSIVE_INTENT_MS,
-    SLOT_HOLDERS_SHOWN,
-    SlotResult,
-    check_exclusive,
-    validate_limit,
-)
+from ._errors import InvalidLeaseArgument, LeaseProviderClosed
+from ._memory_slots import MemorySlots, _Lease, _SlotKey
 from .backend._batch import RenewItem, check_renew_items
 from .backend._notify import ReleaseHub, ReleaseWatch
 from .backend._records import LeaseRecord
@@ -34,15 +27,6 @@ from .backend._records import LeaseRecord
 __all__ = ["MemoryLeaseProvider"]
 
 _NS_PER_MS = 1_000_000
-
-
-@dataclass(slots=True)
-class _Lease:
-    owner: str
-    token: int
-    expires_ns: int
-    metadata: bytes | None = None
-    exclusive: bool = False  # a slot of a counting lease held exclusively
 
 
 class _MemoryStore:
@@ -142,19 +126,6 @@ class _MemoryStore:
                 heapq.heappush(expiries, (lease.expires_ns, token, key))  # renewed since
 
 
-@dataclass(slots=True)
-class _SlotKey:
-    limit: int
-    holders: dict[str, _Lease]  # by owner, in grant order
-    # A denied exclusive acquirer's claim to go next, and when it lapses.
-    intent: str | None = None
-    intent_expires_ns: int = 0
-
-    def claimant(self, now_ns: int) -> str | None:
-        """The owner of a live claim to go next, if any."""
-        return self.intent if self.intent is not None and self.intent_expires_ns > now_ns else None
-
-
 def _nanoseconds_of(clock: Clock) -> Callable[[], int]:
     exact = getattr(clock, "monotonic_ns", None)
     if callable(exact):
@@ -167,7 +138,7 @@ _named_stores: dict[str, _MemoryStore] = {}
 _named_lock = threading.Lock()
 
 
-class MemoryLeaseProvider:
+class MemoryLeaseProvider(MemorySlots):
     """Leases in this process's memory: asyncio-safe, thread-safe, fencing tokens.
 
     ``memory://`` gives a private store; ``memory://NAME`` a store shared by every
@@ -328,121 +299,6 @@ class MemoryLeaseProvider:
                 return None
             remaining_ms = max(1, -(-(lease.expires_ns - now) // _NS_PER_MS))
             return LeaseRecord(key, lease.owner, lease.token, remaining_ms, lease.metadata)
-
-    # -- counting leases (SupportsSlots) ----------------------------------------------
-
-    async def acquire_slot(
-        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
-    ) -> SlotResult:
-        """Take one of ``limit`` slots of ``key``, or the whole key with ``exclusive``.
-
-        ``leasekit.backend.SupportsSlots``; the rules are in ``docs/more-than-one-holder.md``.
-        """
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        validate_limit(limit)
-        check_exclusive(exclusive)
-        store = self._check()
-        with store.lock:
-            now = store.clock_ns()
-            entry = store.live_slots(key, now)
-            if entry is not None and entry.holders and entry.limit != limit:
-                raise SlotLimitMismatch(key=key, limit=limit, stored_limit=entry.limit)
-            if entry is None:
-                entry = store.slots[key] = _SlotKey(limit, {})
-            entry.limit = limit
-            expires_ns = now + ttl_ms * _NS_PER_MS
-            holders = entry.holders
-            mine = holders.get(owner)
-            if mine is not None and (mine.exclusive or not exclusive):
-                mine.expires_ns = expires_ns  # the caller's own, as it holds it
-                return SlotResult(True, owner, mine.token, len(holders), limit, (), mine.exclusive)
-            claimant = entry.claimant(now)
-            others = len(holders) - (mine is not None)
-            held_exclusively = any(lease.exclusive for lease in holders.values())
-            if exclusive and not others and claimant in (None, owner):
-                entry.intent = None
-                holders.pop(owner, None)  # a shared slot of the caller's becomes the key
-                store.last_token += 1
-                holders[owner] = _Lease(owner, store.last_token, expires_ns, exclusive=True)
-                return SlotResult(True, owner, store.last_token, 1, limit, (), True)
-            if not exclusive and not held_exclusively and claimant is None and others < limit:
-                store.last_token += 1
-                holders[owner] = _Lease(owner, store.last_token, expires_ns)
-                return SlotResult(True, owner, store.last_token, len(holders), limit)
-            if exclusive and claimant in (None, owner):
-                entry.intent = owner  # goes next: new slots wait for it
-                intent_ms = min(ttl_ms, EXCLUSIVE_INTENT_MS)
-                entry.intent_expires_ns = now + intent_ms * _NS_PER_MS
-            shown = tuple(list(holders)[:SLOT_HOLDERS_SHOWN])
-            waiting = claimant if claimant != owner else None
-            return SlotResult(
-                False, None, None, len(holders), limit, shown, held_exclusively, waiting
-            )
-
-    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
-        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        store = self._check()
-        with store.lock:
-            now = store.clock_ns()
-            entry = store.live_slots(key, now)
-            mine = None if entry is None else entry.holders.get(owner)
-            if mine is None:
-                return False
-            mine.expires_ns = now + ttl_ms * _NS_PER_MS
-            return True
-
-    async def release_slot(self, key: str, owner: str) -> bool:
-        """Free ``owner``'s live slot of ``key``; whether it held one."""
-        validate_key(key)
-        validate_owner(owner)
-        store = self._check()
-        with store.lock:
-            entry = store.live_slots(key, store.clock_ns())
-            return entry is not None and entry.holders.pop(owner, None) is not None
-
-    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        """Hand ``from_owner``'s live slot to ``to_owner`` with a new token; whether it moved."""
-        validate_key(key)
-        validate_owner(from_owner, "from_owner")
-        validate_owner(to_owner, "to_owner")
-        validate_ttl_ms(ttl_ms)
-        store = self._check()
-        with store.lock:
-            now = store.clock_ns()
-            entry = store.live_slots(key, now)
-            mine = None if entry is None else entry.holders.get(from_owner)
-            if entry is None or mine is None:
-                return False
-            if to_owner == from_owner:
-                mine.expires_ns = now + ttl_ms * _NS_PER_MS
-                return True
-            if to_owner in entry.holders:
-                return False
-            del entry.holders[from_owner]
-            store.last_token += 1
-            entry.holders[to_owner] = _Lease(
-                to_owner, store.last_token, now + ttl_ms * _NS_PER_MS, exclusive=mine.exclusive
-            )
-            return True
-
-    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
-        """The live slots of ``key``, in grant order."""
-        validate_key(key)
-        store = self._check()
-        with store.lock:
-            now = store.clock_ns()
-            entry = store.live_slots(key, now)
-            if entry is None:
-                return []
-            return [
-                LeaseRecord(key, o, lease.token, max(1, -(-(lease.expires_ns - now) // _NS_PER_MS)))
-                for o, lease in sorted(entry.holders.items(), key=lambda item: item[1].token)
-            ]
 
     async def get_lease_owner(self, key: str) -> str | None:
         validate_key(key)

@@ -133,21 +133,21 @@ def test_plugin_runs_only_the_suite_against_a_url(tmp_path: Path) -> None:
     for case in suite.iter("testcase"):
         by_class.setdefault(case.get("classname", "").rpartition(".")[2], []).append(case)
     assert set(by_class) == {"TestLeaseProviderAtURL", "TestLeaseProviderAtURLBlocking"}, output
-    # Through the async driver, the two multi-process checks skip (memory:// is not
-    # shared across processes), and so does the lost-channel check, which needs a
-    # fixture a URL cannot give.
+    # Through the async driver, the three multi-process checks skip (memory:// is not
+    # shared across processes; the third is the slots'), and so does the lost-channel
+    # check, which needs a fixture a URL cannot give.
     assert len(by_class["TestLeaseProviderAtURL"]) == suite_size()
     assert skips_of(by_class["TestLeaseProviderAtURL"]) == {
-        "the backend declares shared_across_processes=False": 2,
+        "the backend declares shared_across_processes=False": 3,
         "override the 'break_notifications' fixture to run this check": 1,
     }
     # Through the blocking driver (leasekit.sync's facade over memory://): the suite and
-    # the blocking provider's two lifecycle checks; the same two multi-process checks,
+    # the blocking provider's two lifecycle checks; the same three multi-process checks,
     # the checks that cannot apply to a blocking call, and the extras the facade does not
     # offer (renew_leases, release_grant) skip.
     assert len(by_class["TestLeaseProviderAtURLBlocking"]) == suite_size() + 2
     assert skips_of(by_class["TestLeaseProviderAtURLBlocking"]) == {
-        "the backend declares shared_across_processes=False": 2,
+        "the backend declares shared_across_processes=False": 3,
         BLOCKING_DRIVER_REASON: sum(suite_size(name) for name in BLOCKING_DRIVER_SKIPS),
         "the backend has no renew_leases (leasekit.backend.SupportsRenewMany)": sum(
             suite_size(name) for name in BATCHED_RENEWAL_CHECKS

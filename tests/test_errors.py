@@ -22,6 +22,7 @@ from leasekit import (
     LeaseProviderClosed,
     LockError,
     LockNotOwnedError,
+    SlotLimitMismatch,
     StaleFencingToken,
 )
 
@@ -54,6 +55,10 @@ EXAMPLES: list[tuple[LeaseError, dict[str, object]]] = [
     (
         StaleFencingToken(resource="invoices", token=3, current=7),
         {"resource": "invoices", "token": 3, "current": 7},
+    ),
+    (
+        SlotLimitMismatch(key="pool", limit=5, stored_limit=3),
+        {"key": "pool", "limit": 5, "stored_limit": 3},
     ),
 ]
 IDS = [type(error).__name__ for error, _ in EXAMPLES]

@@ -30,6 +30,7 @@ import pytest
 from leasekit_contract import (
     BATCHED_RENEWAL_CHECKS,
     BLOCKING_DRIVER_SKIPS,
+    FAIR_WAITING_CHECKS,
     RELEASE_GRANT_CHECK,
     ROUTING_CHECKS,
     SLOT_CHECKS,
@@ -258,6 +259,7 @@ def assert_whole_suite_passed(run: SuiteRun) -> None:
         or name in WAKE_UP_CHECKS
         or name.split("[")[0] in ROUTING_CHECKS
         or name.split("[")[0] in SLOT_CHECKS
+        or name.split("[")[0] in FAIR_WAITING_CHECKS
         or name.split("[")[0] in BATCHED_RENEWAL_CHECKS
         or name == RELEASE_GRANT_CHECK
         or (cls.endswith("Blocking") and name.split("[")[0] in BLOCKING_DRIVER_SKIPS)

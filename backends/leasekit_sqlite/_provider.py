@@ -24,7 +24,7 @@ from leasekit.backend import (
     metadata_for,
 )
 
-from . import _ops, _options
+from . import _ops, _options, _slots
 from ._aio import ThreadedConnection
 from ._blocking import Connection
 
@@ -203,7 +203,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
         count and the caller's slot read, and the slot written, with no other writer
         in between.
         """
-        operation = _ops.acquire_slot(key, owner, ttl_ms, limit, exclusive)
+        operation = _slots.acquire_slot(key, owner, ttl_ms, limit, exclusive)
         grant = SlotGrant(owner)
         if self._undos:
             await self._after_undo(key, grant)
@@ -211,19 +211,19 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
 
     async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
-        return await self._write(_ops.renew_slot(key, owner, ttl_ms), key)
+        return await self._write(_slots.renew_slot(key, owner, ttl_ms), key)
 
     async def release_slot(self, key: str, owner: str) -> bool:
         """Free ``owner``'s live slot of ``key``; whether it held one."""
-        return await self._write(_ops.release_slot(key, owner), key)
+        return await self._write(_slots.release_slot(key, owner), key)
 
     async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
         """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
-        return await self._write(_ops.release_slot_grant(key, owner, token), key)
+        return await self._write(_slots.release_slot_grant(key, owner, token), key)
 
     async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
-        operation = _ops.transfer_slot(key, from_owner, to_owner, ttl_ms)
+        operation = _slots.transfer_slot(key, from_owner, to_owner, ttl_ms)
         grant = SlotGrant(to_owner) if to_owner != from_owner else None  # else a renewal
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
@@ -231,7 +231,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
 
     async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
         """The live slots of ``key``, in grant order."""
-        return await self._run(_ops.slot_holders(key), key)
+        return await self._run(_slots.slot_holders(key), key)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` (host clock), ``None`` if free.
@@ -365,23 +365,23 @@ class SQLiteSyncLeaseProvider(_OnFile, SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
     ) -> SlotResult:
         """Blocking :meth:`SQLiteLeaseProvider.acquire_slot`."""
-        return self._write(_ops.acquire_slot(key, owner, ttl_ms, limit, exclusive), key)
+        return self._write(_slots.acquire_slot(key, owner, ttl_ms, limit, exclusive), key)
 
     def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.renew_slot`."""
-        return self._write(_ops.renew_slot(key, owner, ttl_ms), key)
+        return self._write(_slots.renew_slot(key, owner, ttl_ms), key)
 
     def release_slot(self, key: str, owner: str) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.release_slot`."""
-        return self._write(_ops.release_slot(key, owner), key)
+        return self._write(_slots.release_slot(key, owner), key)
 
     def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Blocking :meth:`SQLiteLeaseProvider.transfer_slot`."""
-        return self._write(_ops.transfer_slot(key, from_owner, to_owner, ttl_ms), key)
+        return self._write(_slots.transfer_slot(key, from_owner, to_owner, ttl_ms), key)
 
     def get_slot_holders(self, key: str) -> list[LeaseRecord]:
         """Blocking :meth:`SQLiteLeaseProvider.get_slot_holders`."""
-        return self._run(_ops.slot_holders(key), key)
+        return self._run(_slots.slot_holders(key), key)
 
     def lease_remaining_ms(self, key: str) -> int | None:
         """Blocking :meth:`SQLiteLeaseProvider.lease_remaining_ms`."""
