@@ -60,7 +60,6 @@ def test_acquire_sends_the_acquire_script_and_reads_token_or_holder() -> None:
         b"me",
         500,
         1500,  # the counter outlives the lease by counter_ttl_ms
-        b"PUBLISH",  # a grant of a free key is a hint to owner watchers
     )
     assert call.eval()[:2] == ("EVAL", _lua.ACQUIRE.source)
     assert run(_ops.acquire(CTX, "k", "me", 500), [b"other\0"])[0] == leasekit.LeaseResult(
@@ -74,7 +73,7 @@ def test_acquire_sends_the_acquire_script_and_reads_token_or_holder() -> None:
 
 def test_a_counter_kept_forever_is_sent_as_zero() -> None:
     _, [call] = run(_ops.acquire(FOREVER, "k", "me", 500), [1])
-    assert call.args == (b"me", 500, 0, b"")
+    assert call.args == (b"me", 500, 0)
     _, [call] = run(_ops.renew(FOREVER, "k", "me", 500), [1])
     assert call.args == (b"me", 500, 0)
 
@@ -92,7 +91,7 @@ def test_an_acquire_reply_no_script_gives_is_a_backend_error_naming_the_prefix(
 def test_metadata_is_the_acquires_last_argument_and_comes_back_with_the_holder() -> None:
     granted, [call] = run(_ops.acquire(CTX, "k", "me", 500, metadata="h:1"), [17])
     assert granted == leasekit.LeaseResult(True, "me", 17, b"h:1")
-    assert call.args == (b"me", 500, 1500, b"PUBLISH", b"h:1")
+    assert call.args == (b"me", 500, 1500, b"h:1")
     # Without metadata, none is sent (not even an empty one: b"" is metadata too).
     assert run(_ops.acquire(CTX, "k", "me", 500, metadata=b""), [1])[1][0].args[-1] == b""
     # A holder with metadata: [holder, metadata]; without: the holder alone.
@@ -103,6 +102,21 @@ def test_metadata_is_the_acquires_last_argument_and_comes_back_with_the_holder()
     for garbled in ([b"other"], [b"\xff", b"m"], [b"other", 5], [1, 2, 3]):
         with pytest.raises(leasekit.LeaseBackendError, match="'p:'"):
             run(_ops.acquire(CTX, "k", "me", 500), [garbled])
+
+
+def test_the_acquire_script_carries_its_publish_command() -> None:
+    # A grant of a free key is a hint to owner watchers; the command is the script's
+    # own (one script per command), not an argument every acquire would pack.
+    sharded = _ops.context("p:", 1000, b"SPUBLISH")
+    for ctx, script, command in (
+        (CTX, _lua.ACQUIRE, "'PUBLISH'"),
+        (sharded, _lua.ACQUIRE_SHARDED, "'SPUBLISH'"),
+        (FOREVER, _lua.ACQUIRE_SILENT, "''"),
+    ):
+        _, [call] = run(_ops.acquire(ctx, "k", "me", 500), [1])
+        assert call.script is script
+        assert f"notify(KEYS[1], {command}, 'granted')" in script.source
+    assert len({_lua.ACQUIRE.sha, _lua.ACQUIRE_SHARDED.sha, _lua.ACQUIRE_SILENT.sha}) == 3
 
 
 def test_transfer_sends_the_new_owners_metadata_only_when_given() -> None:

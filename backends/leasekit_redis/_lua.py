@@ -40,7 +40,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "RECORD", "RELEASE", "RENEW", "RENEW_MANY", "TRANSFER", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "ACQUIRES",
+    "ACQUIRE_SHARDED",
+    "ACQUIRE_SILENT",
+    "RECORD",
+    "RELEASE",
+    "RENEW",
+    "RENEW_MANY",
+    "TRANSFER",
+    "Script",
+]
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,9 @@ local function grant(lease_key, counter_key, owner, ttl_ms, counter_px, metadata
 end
 """
 
-# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever), publish
-# (as RELEASE's), and the metadata to store with the grant (absent: none).
+
+# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever), and the
+# metadata to store with the grant (absent: none).
 # Returns the token, an integer, when granted (a free key gets a new token; the
 # caller's own live lease keeps its token, gets a fresh TTL and the metadata given, or
 # none), or, when another owner holds it, the holder, a string, or {holder, metadata}
@@ -153,28 +165,40 @@ end
 # denied caller meeting metadata pays it. A Lua number becomes an integer reply
 # exactly: tokens (microseconds, about 2**51) are below 2**53. Only a grant of a free
 # key publishes (a 'granted' hint, for owner watchers): the holder's re-acquire does
-# not, the key does not change hands.
-ACQUIRE = Script(
-    "acquire",
-    _PRELUDE
-    + """
+# not, the key does not change hands. The publish command is part of the script, not
+# an argument as in the others (one script per command: ACQUIRE with PUBLISH,
+# ACQUIRE_SHARDED with SPUBLISH, ACQUIRE_SILENT with none): redis-py packs each
+# argument in Python, and one more cost every acquire about 4,800 client instructions
+# (benchmarks/instructions.py), the price of the whole grant hint otherwise.
+def _acquire(name: str, publish: str) -> Script:
+    return Script(
+        name,
+        _PRELUDE
+        + f"""
 local value = redis.call('GET', KEYS[1])
 if value then
   local holder, token, metadata = parse(value)
   if holder ~= ARGV[1] then
     if metadata then
-      return {holder, metadata}
+      return {{holder, metadata}}
     end
     return holder
   end
-  refresh(KEYS[1], KEYS[2], token, holder, metadata, ARGV[5], ARGV[2], ARGV[3])
+  refresh(KEYS[1], KEYS[2], token, holder, metadata, ARGV[4], ARGV[2], ARGV[3])
   return tonumber(token)
 end
-local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[5])
-notify(KEYS[1], ARGV[4], 'granted')
+local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+notify(KEYS[1], '{publish}', 'granted')
 return tonumber(token)
 """,
-)
+    )
+
+
+ACQUIRE = _acquire("acquire", "PUBLISH")
+ACQUIRE_SHARDED = _acquire("acquire_sharded", "SPUBLISH")
+ACQUIRE_SILENT = _acquire("acquire_silent", "")
+ACQUIRES = {b"PUBLISH": ACQUIRE, b"SPUBLISH": ACQUIRE_SHARDED, b"": ACQUIRE_SILENT}
+"""The acquire script that publishes with each publish command (see ``_ops.context``)."""
 
 # KEYS: lease. ARGV: owner, publish ('PUBLISH', 'SPUBLISH' on a cluster, or '' for
 # none). Deletes the lease only if ARGV[1] holds it (an expired lease is already gone);

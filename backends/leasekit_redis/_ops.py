@@ -121,14 +121,16 @@ class OpContext(NamedTuple):
     """What a provider's operations share: its prefix, counter TTL and publish command.
 
     ``publish`` is the command the scripts tell waiters with (``PUBLISH``,
-    ``SPUBLISH``, or ``b""`` for none). ``wait`` is the ``WAIT`` sent behind every
-    grant, renewal and transfer, or ``None`` without ``min_replicas``.
+    ``SPUBLISH``, or ``b""`` for none), and ``acquire`` the acquire script that
+    publishes with it. ``wait`` is the ``WAIT`` sent behind every grant, renewal and
+    transfer, or ``None`` without ``min_replicas``.
     """
 
     prefix: str
     raw_prefix: bytes
     counter_ttl_ms: int | None
     publish: bytes
+    acquire: _lua.Script = _lua.ACQUIRE
     wait: Command | None = None
     min_replicas: int = 0
     replica_timeout_ms: int = 0
@@ -144,7 +146,14 @@ def context(
     """The :class:`OpContext` of a provider with these (already checked) settings."""
     wait: Command | None = ("WAIT", min_replicas, replica_timeout_ms) if min_replicas else None
     return OpContext(
-        prefix, prefix.encode(), counter_ttl_ms, publish, wait, min_replicas, replica_timeout_ms
+        prefix,
+        prefix.encode(),
+        counter_ttl_ms,
+        publish,
+        _lua.ACQUIRES[publish],
+        wait,
+        min_replicas,
+        replica_timeout_ms,
     )
 
 
@@ -229,10 +238,10 @@ def acquire(
     names = _names(ctx.raw_prefix, key)
     counter_px = _counter_px(ttl_ms, ctx.counter_ttl_ms)
     if metadata is None:
-        call = ScriptCall(_lua.ACQUIRE, names, (owner.encode(), ttl_ms, counter_px, ctx.publish))
+        call = ScriptCall(ctx.acquire, names, (owner.encode(), ttl_ms, counter_px))
         return _acquire(ctx, call if ctx.wait is None else _writing(ctx, call), key, owner, None)
     data = _metadata(metadata)
-    call = ScriptCall(_lua.ACQUIRE, names, (owner.encode(), ttl_ms, counter_px, ctx.publish, data))
+    call = ScriptCall(ctx.acquire, names, (owner.encode(), ttl_ms, counter_px, data))
     return _acquire(ctx, _writing(ctx, call), key, owner, data)
 
 
