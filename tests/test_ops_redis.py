@@ -88,9 +88,71 @@ def test_an_acquire_reply_no_script_gives_is_a_backend_error_naming_the_prefix(
     assert info.value.backend == "redis"
 
 
+def test_metadata_is_the_acquires_last_argument_and_comes_back_with_the_holder() -> None:
+    granted, [call] = run(_ops.acquire(CTX, "k", "me", 500, metadata="h:1"), [17])
+    assert granted == leasekit.LeaseResult(True, "me", 17, b"h:1")
+    assert call.args == (b"me", 500, 1500, b"h:1")
+    # Without metadata, none is sent (not even an empty one: b"" is metadata too).
+    assert run(_ops.acquire(CTX, "k", "me", 500, metadata=b""), [1])[1][0].args[-1] == b""
+    # A holder with metadata: [holder, metadata]; without: the holder alone.
+    denied, _ = run(_ops.acquire(CTX, "k", "me", 500), [[b"other", b"\xff\x00"]])
+    assert denied == leasekit.LeaseResult(False, "other", None, b"\xff\x00")
+    denied, _ = run(_ops.acquire(CTX, "k", "me", 500), [["other", "10.0.0.7:80"]])
+    assert denied == leasekit.LeaseResult(False, "other", None, b"10.0.0.7:80")
+    for garbled in ([b"other"], [b"\xff", b"m"], [b"other", 5], [1, 2, 3]):
+        with pytest.raises(leasekit.LeaseBackendError, match="'p:'"):
+            run(_ops.acquire(CTX, "k", "me", 500), [garbled])
+
+
+def test_the_acquire_script_carries_its_publish_command() -> None:
+    # A grant of a free key is a hint to owner watchers; the command is the script's
+    # own (one script per command), not an argument every acquire would pack.
+    sharded = _ops.context("p:", 1000, b"SPUBLISH")
+    for ctx, script, command in (
+        (CTX, _lua.ACQUIRE, "'PUBLISH'"),
+        (sharded, _lua.ACQUIRE_SHARDED, "'SPUBLISH'"),
+        (FOREVER, _lua.ACQUIRE_SILENT, "''"),
+    ):
+        _, [call] = run(_ops.acquire(ctx, "k", "me", 500), [1])
+        assert call.script is script
+        assert f"notify(KEYS[1], {command}, 'granted')" in script.source
+    assert len({_lua.ACQUIRE.sha, _lua.ACQUIRE_SHARDED.sha, _lua.ACQUIRE_SILENT.sha}) == 3
+
+
+def test_transfer_sends_the_new_owners_metadata_only_when_given() -> None:
+    _, [call] = run(_ops.transfer(CTX, "k", "a", "b", 9, metadata=b"b:2"), [1])
+    assert call.args == (b"a", b"b", 9, 1009, b"PUBLISH", b"b:2")
+    _, [call] = run(_ops.transfer(CTX, "k", "a", "b", 9), [1])
+    assert call.args == (b"a", b"b", 9, 1009, b"PUBLISH")
+
+
+def test_record_is_one_script_reading_value_and_pttl() -> None:
+    found, [call] = run(_ops.record(CTX, "k"), [[b"12:3 a bxyz", 900]])
+    assert found == LeaseRecord("k", "a b", 12, 900, b"xyz")
+    assert (call.script, call.keys, call.args) == (_lua.RECORD, (b"p:{k}",), ())
+    assert run(_ops.record(CTX, "k"), [[b"12 a", 0]])[0] == LeaseRecord("k", "a", 12, 1)
+    assert run(_ops.record(CTX, "k"), [None])[0] is None
+    for garbled in ([b"12 a", -1], [b"nope", 5], b"12 a", [b"12 a"], [5, 5]):
+        with pytest.raises(leasekit.LeaseBackendError, match="unexpected data"):
+            run(_ops.record(CTX, "k"), [garbled])
+
+
+def test_lease_values_with_and_without_metadata() -> None:
+    read = _ops.read_lease_value
+    assert read(b"12 a b") == ("a b", 12, None)  # as stored before metadata existed
+    assert read(b"12:0 a b") == ("a b", 12, b"")
+    assert read(b"12:4 a b\x00:9 ") == ("a b", 12, b"\x00:9 ")
+    assert read(b"12:2 o:2 x") == ("o:2", 12, b" x")  # the owner may hold anything
+    assert read("7:1 \u00fcx") == ("\u00fc", 7, b"x")  # text from a decoding client
+    for garbled in (b"12:2 ab", b"12:x a", b"12: a", b"x:1 ab", b"12:9 a", b"12:1"):
+        with pytest.raises(_ops.GarbledReply):
+            read(garbled)
+
+
 def test_owner_is_one_get_of_the_lease() -> None:
     holder, sent = run(_ops.owner(CTX, "k"), [b"12 a b"])
     assert (holder, sent) == ("a b", [("GET", b"p:{k}")])
+    assert run(_ops.owner(CTX, "k"), [b"12:1 a bc"])[0] == "a b"
     assert run(_ops.owner(CTX, "k"), [None])[0] is None
     assert run(_ops.owner(CTX, "k"), ["3 x"])[0] == "x"
     for garbled in (b"nope", b"12 ", b"x y", b"1 \xff", [1], 1.5):
@@ -154,11 +216,13 @@ def test_remaining_reads_pttl() -> None:
 
 
 def test_inspect_batch_reads_live_leases_and_skips_anything_else() -> None:
-    names = [("a", b"p:{a}"), ("b", b"p:{b}"), ("c", b"p:{c}"), ("d", b"p:{d}")]
+    names = [("a", b"p:{a}"), ("m", b"p:{m}"), ("b", b"p:{b}"), ("c", b"p:{c}"), ("d", b"p:{d}")]
     replies = [
         [
             b"7 owner-a",
             900,
+            b"8:2 owner-bmd",
+            800,
             b"not a lease",
             900,
             None,  # released since the scan
@@ -168,10 +232,13 @@ def test_inspect_batch_reads_live_leases_and_skips_anything_else() -> None:
         ]
     ]
     records, [request] = run(_ops.inspect_batch(names), replies)
-    assert records == [LeaseRecord("a", "owner-a", 7, 900)]
+    assert records == [
+        LeaseRecord("a", "owner-a", 7, 900),
+        LeaseRecord("m", "owner-b", 8, 800, b"md"),
+    ]
     assert isinstance(request, _ops.Pipelined)
     assert request.commands[:2] == (("GET", b"p:{a}"), ("PTTL", b"p:{a}"))
-    assert len(request.commands) == 8
+    assert len(request.commands) == 10
 
 
 def test_bad_arguments_are_refused_before_any_request() -> None:
@@ -185,6 +252,7 @@ def test_bad_arguments_are_refused_before_any_request() -> None:
         (_ops.renew, CTX, "k", "me", 1.5),
         (_ops.transfer, CTX, "k", "a", "", 500),
         (_ops.remaining, CTX, ""),
+        (_ops.record, CTX, ""),
     ]
     for factory, *args in bad:
         # The factory itself raises: the operation never exists, nothing is sent.
@@ -192,6 +260,11 @@ def test_bad_arguments_are_refused_before_any_request() -> None:
             factory(*args)
     with pytest.raises(leasekit.InvalidLeaseArgument, match="to_owner"):
         _ops.transfer(CTX, "k", "a", "", 500)
+    for metadata in (b"x" * 4097, 5, "\ud800"):
+        with pytest.raises(leasekit.InvalidLeaseArgument, match="metadata"):
+            _ops.acquire(CTX, "k", "me", 500, metadata=metadata)
+        with pytest.raises(leasekit.InvalidLeaseArgument, match="metadata"):
+            _ops.transfer(CTX, "k", "a", "b", 500, metadata=metadata)
 
 
 def test_a_transport_error_propagates_through_the_operation() -> None:

@@ -29,6 +29,7 @@ from servers import (
 )
 
 import leasekit
+from leasekit import LeaseResult
 
 try:
     import redis.asyncio
@@ -745,6 +746,40 @@ async def test_every_operation_is_one_round_trip(
     assert changed["evalsha"] == scripted
     assert "eval" not in changed
     assert "script|load" not in changed
+
+
+async def test_metadata_and_records_take_one_script_each_and_old_leases_keep_working(
+    private_redis_server: RedisServer, redis_prefix: str
+) -> None:
+    client = redis.asyncio.Redis(host=private_redis_server.host, port=private_redis_server.port)
+    name = f"{redis_prefix}{{k}}".encode()
+    async with RedisLeaseProvider(client, prefix=redis_prefix) as provider:
+        # A lease as a leasekit without metadata stored it: it reads as one with none.
+        await client.set(name, b"17 alice", px=60_000)
+        record = await provider.get_lease_record("k")
+        assert record is not None
+        assert (record.owner, record.token, record.metadata) == ("alice", 17, None)
+        assert 0 < record.remaining_ms <= 60_000
+        assert await provider.acquire_lease("k", "bob", 60_000) == LeaseResult(False, "alice")
+        # The holder's re-acquire adds metadata in place: same token, same key.
+        again = await provider.acquire_lease("k", "alice", 60_000, metadata=b"a:1")
+        assert again == LeaseResult(True, "alice", 17, b"a:1")
+        assert await client.get(name) == b"17:3 alicea:1"
+        before = command_calls(private_redis_server)
+        denied = await provider.acquire_lease("k", "bob", 60_000)
+        record = await provider.get_lease_record("k")
+        changed = delta(command_calls(private_redis_server), before)
+        assert denied == LeaseResult(False, "alice", None, b"a:1")
+        assert record == LeaseRecord("k", "alice", 17, record.remaining_ms, b"a:1")
+        # One script each: the holder's metadata comes with the denial, the record's
+        # remaining time with its read (the server counts the GETs and the PTTL the
+        # scripts ran too).
+        assert changed["evalsha"] == 2, changed
+        assert set(changed) <= {"evalsha", "get", "pttl"}, changed
+        await provider.release_lease("k", "alice")
+        assert await client.get(name) is None
+        assert await provider.get_lease_record("k") is None
+    await client.aclose()
 
 
 # -- auto-pipelining: operations started together are written together ------------------------

@@ -9,13 +9,15 @@ suite's NotificationChecks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from anyio import fail_after as anyio_fail_after
 from servers import RedisClusterServer, RedisServer, RespError, missing_extra
 
 import leasekit
+import leasekit.sync
 
 try:
     import redis.asyncio
@@ -203,3 +205,74 @@ async def test_an_acl_user_without_channel_rights_releases_transfers_and_waits_b
         assert blocking.acquire_lease("s", "alice", 60_000).acquired
         blocking.release_lease("s", "alice")
         assert blocking.get_lease_owner("s") is None
+
+
+async def test_a_granted_payload_wakes_only_the_watchers_that_asked_for_grants(
+    client: redis.asyncio.Redis,
+) -> None:
+    listener = RedisReleaseListener(client, sharded=False, timeout_s=5)
+    try:
+        acquirer = await listener.watch("k", b"lease:{k}")
+        observer = await listener.watch("k", b"lease:{k}", grants=True)
+        await client.publish(channel_name(b"lease:{k}"), b"granted")
+        assert await observer.wait(BOUND_S)
+        await client.publish(channel_name(b"lease:{k}"), b"")  # a release wakes both
+        assert await observer.wait(BOUND_S)
+        assert await acquirer.wait(0)  # set by the release: the grant before it did not
+        assert not await acquirer.wait(0)
+    finally:
+        await listener.aclose()
+
+
+async def _hints(
+    client: redis.asyncio.Redis, lease: bytes, steps: Callable[[], Awaitable[None]]
+) -> list[bytes]:
+    """The payloads published on ``lease``'s channel while ``steps`` run."""
+    pubsub = client.pubsub()
+    channel = channel_name(lease)
+    try:
+        await pubsub.subscribe(channel)
+        await steps()
+        await client.publish(channel, b"end")  # one channel keeps its order: the last one
+        payloads: list[bytes] = []
+        with anyio_fail_after(BOUND_S):
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                if message is None:
+                    continue
+                if message["data"] == b"end":
+                    return payloads
+                payloads.append(message["data"])
+    finally:
+        await pubsub.aclose()
+
+
+@pytest.mark.parametrize("driver", ["async", "blocking"])
+async def test_only_a_change_of_hands_publishes_a_grant_hint(
+    client: redis.asyncio.Redis, redis_url: str, redis_prefix: str, driver: str
+) -> None:
+    """A grant of a free key says 'granted'; a transfer to another owner and a release
+    say '' (every waiter looks again); a denied acquire, the holder's re-acquire, its
+    renewal and its transfer to itself, metadata changed or not, say nothing."""
+
+    async def steps() -> None:
+        async with leasekit.connect(redis_url, prefix=redis_prefix) as leases:
+            with leasekit.sync.connect(redis_url, prefix=redis_prefix) as blocking:
+
+                async def call(name: str, *args: Any, **kwargs: Any) -> Any:
+                    if driver == "async":
+                        return await getattr(leases, name)(*args, **kwargs)
+                    method = getattr(blocking, name)
+                    return await asyncio.to_thread(lambda: method(*args, **kwargs))
+
+                assert (await call("acquire_lease", "k", "alice", 60_000)).acquired
+                assert (await call("acquire_lease", "k", "alice", 60_000)).acquired
+                await call("acquire_lease", "k", "alice", 60_000, metadata=b"a:1")
+                assert await call("renew_lease", "k", "alice", 60_000)
+                assert await call("transfer_lease", "k", "alice", "alice", 60_000, metadata=b"2")
+                assert not (await call("acquire_lease", "k", "bob", 60_000)).acquired
+                assert await call("transfer_lease", "k", "alice", "bob", 60_000, metadata=b"b")
+                await call("release_lease", "k", "bob")
+
+    lease = redis_prefix.encode() + b"{k}"
+    assert await _hints(client, lease, steps) == [b"granted", b"", b""]

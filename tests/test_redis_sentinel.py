@@ -10,10 +10,11 @@ measurement is benchmarks/failover_redis.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from leasekit import InvalidLeaseArgument, LeaseBackendTimeout, LeaseBackendUnre
 
 redis = require_module("redis", extra="redis")
 
+from leasekit_contract import BlockingProviderAsAsync  # noqa: E402
+from leasekit_contract._routing import RoutingChecks  # noqa: E402 (the routing checks alone)
 from leasekit_redis import RedisLeaseProvider, RedisSyncLeaseProvider  # noqa: E402
 from leasekit_redis._options import parse  # noqa: E402
 from redis_failover import run_failovers  # noqa: E402
@@ -224,6 +227,33 @@ async def test_release_notifications_through_sentinel(sentinel_group: RedisSenti
             assert await watch.wait(5.0)  # far below the 60 s TTL: the publish woke it
         finally:
             watch.close()
+
+
+class TestRoutingThroughSentinel(RoutingChecks):
+    """The suite's routing checks through Sentinel, each write acknowledged by the replica:
+    metadata, records and grant hints take the same scripts, and the acknowledged path
+    (the script and WAIT pipelined) carries the metadata and the denied caller's reply."""
+
+    @pytest.fixture
+    async def provider(self, sentinel_group: RedisSentinelGroup) -> AsyncIterator[Any]:
+        url = f"{sentinel_group.url}?min_replicas=1&prefix={_prefix()}"
+        async with leasekit.connect(url) as provider:
+            yield provider
+
+
+class TestRoutingThroughSentinelBlocking(RoutingChecks):
+    """The same through the blocking provider (``leasekit.sync.connect``)."""
+
+    blocking_driver = True
+
+    @pytest.fixture
+    async def provider(
+        self, sentinel_group: RedisSentinelGroup
+    ) -> AsyncIterator[BlockingProviderAsAsync]:
+        url = f"{sentinel_group.url}?min_replicas=1&prefix={_prefix()}"
+        factory = functools.partial(leasekit.sync.connect, url)
+        async with BlockingProviderAsAsync.build(factory) as provider:
+            yield provider
 
 
 def test_blocking_provider_through_sentinel(sentinel_group: RedisSentinelGroup) -> None:

@@ -9,7 +9,11 @@ Layout, for a lease key ``k`` under the provider's ``prefix`` (see ``_keys``):
 - ``<prefix>{<k escaped>}``: the lease. A string ``"<token> <owner>"`` with a ``PX``
   TTL: the key exists exactly while the lease is live, so Redis itself frees it at
   expiry. The token has no spaces, so the first space ends it and the owner (which
-  may contain spaces, NUL, anything) is the rest.
+  may contain spaces, NUL, anything) is the rest. A lease granted with metadata is
+  ``"<token>:<n> <owner><metadata>"``: its last ``n`` bytes are the metadata (any
+  bytes, ``n`` may be 0), so owner and metadata need no escaping, and a lease without
+  metadata is stored exactly as before it existed. Metadata lives and dies with the
+  grant it was written with: in the same value, under the same TTL, in the same SET.
 - ``<prefix>{<k escaped>}:fence``: the fencing counter, the last token issued for
   ``k``. It outlives the lease (so release and expiry do not reset it) by
   ``counter_ttl_ms``, or forever when that is ``None``.
@@ -36,7 +40,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TRANSFER", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "ACQUIRES",
+    "ACQUIRE_SHARDED",
+    "ACQUIRE_SILENT",
+    "RECORD",
+    "RELEASE",
+    "RENEW",
+    "RENEW_MANY",
+    "TRANSFER",
+    "Script",
+]
 
 
 @dataclass(frozen=True)
@@ -54,9 +69,25 @@ class Script:
 
 # Shared by the scripts below (each script is sent whole; Redis has no includes).
 _PRELUDE = """
+-- A lease value's owner, token and metadata (nil when it has none).
 local function parse(value)
   local sep = string.find(value, ' ', 1, true)
-  return string.sub(value, sep + 1), string.sub(value, 1, sep - 1)
+  local head = string.sub(value, 1, sep - 1)
+  local colon = string.find(head, ':', 1, true)
+  if not colon then
+    return string.sub(value, sep + 1), head
+  end
+  local cut = #value - tonumber(string.sub(head, colon + 1))
+  return string.sub(value, sep + 1, cut), string.sub(head, 1, colon - 1),
+    string.sub(value, cut + 1)
+end
+
+-- The value of a lease: parse's inverse.
+local function lease_value(token, owner, metadata)
+  if metadata == nil then
+    return token .. ' ' .. owner
+  end
+  return token .. ':' .. #metadata .. ' ' .. owner .. metadata
 end
 
 local function next_token(counter_key, counter_px)
@@ -74,10 +105,12 @@ end
 
 -- A hint to waiters, never part of the decision: pcall, so that a PUBLISH the server
 -- refuses (a Redis 7 ACL user without channel permissions) cannot fail a release or
--- transfer whose write has already happened. Waiters then poll.
-local function notify(lease_key, publish)
+-- transfer whose write has already happened. Waiters then poll. The payload says what
+-- happened: '' (released or handed on: every waiter looks again) or 'granted' (a free
+-- key was taken: only owner watchers care, see ``_notify``).
+local function notify(lease_key, publish, payload)
   if publish ~= '' then
-    redis.pcall(publish, lease_key .. ':released', '')
+    redis.pcall(publish, lease_key .. ':released', payload)
   end
 end
 
@@ -99,39 +132,73 @@ local function extend(lease_key, counter_key, ttl_ms, counter_px)
   touch_counter(counter_key, counter_px)
 end
 
--- A new grant of `lease_key` to `owner`, with a new token (returned, as a string).
-local function grant(lease_key, counter_key, owner, ttl_ms, counter_px)
+-- The holder's live lease again, with a fresh TTL and `metadata` (nil: none) in place of
+-- `old`: the value is rewritten only when the metadata changed, else a PEXPIRE.
+local function refresh(lease_key, counter_key, token, owner, old, metadata, ttl_ms, counter_px)
+  if old == metadata then
+    extend(lease_key, counter_key, ttl_ms, counter_px)
+  else
+    redis.call('SET', lease_key, lease_value(token, owner, metadata), 'PX', ttl_ms)
+    touch_counter(counter_key, counter_px)
+  end
+end
+
+-- A new grant of `lease_key` to `owner` with `metadata` (nil: none), with a new token
+-- (returned, as a string).
+local function grant(lease_key, counter_key, owner, ttl_ms, counter_px, metadata)
   local token = next_token(counter_key, counter_px)
-  redis.call('SET', lease_key, token .. ' ' .. owner, 'PX', ttl_ms)
+  redis.call('SET', lease_key, lease_value(token, owner, metadata), 'PX', ttl_ms)
   return token
 end
 """
 
-# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever).
+
+# KEYS: lease, counter. ARGV: owner, ttl_ms, counter_px ('0': keep forever), and the
+# metadata to store with the grant (absent: none).
 # Returns the token, an integer, when granted (a free key gets a new token; the
-# caller's own live lease keeps its token and gets a fresh TTL), or the holder, a
-# string, when another owner holds it: the holder comes from the same read that
-# decided, never a second GET. One scalar rather than a {granted, detail} pair:
-# redis-py takes about 7 us more client CPU to parse an array reply, the largest
-# cost per acquire that leasekit had added to a raw SET NX PX (docs/benchmarks.md).
-# A Lua number becomes an integer reply exactly: tokens (microseconds, about 2**51)
-# are below 2**53.
-ACQUIRE = Script(
-    "acquire",
-    _PRELUDE
-    + """
+# caller's own live lease keeps its token, gets a fresh TTL and the metadata given, or
+# none), or, when another owner holds it, the holder, a string, or {holder, metadata}
+# when the holder stored metadata: both come from the same read that decided, never a
+# second GET. A scalar rather than a {granted, detail} pair where it can be: redis-py
+# takes about 7 us more client CPU to parse an array reply, the largest cost per
+# acquire that leasekit had added to a raw SET NX PX (docs/benchmarks.md); only a
+# denied caller meeting metadata pays it. A Lua number becomes an integer reply
+# exactly: tokens (microseconds, about 2**51) are below 2**53. Only a grant of a free
+# key publishes (a 'granted' hint, for owner watchers): the holder's re-acquire does
+# not, the key does not change hands. The publish command is part of the script, not
+# an argument as in the others (one script per command: ACQUIRE with PUBLISH,
+# ACQUIRE_SHARDED with SPUBLISH, ACQUIRE_SILENT with none): redis-py packs each
+# argument in Python, and one more cost every acquire about 4,800 client instructions
+# (benchmarks/instructions.py), the price of the whole grant hint otherwise.
+def _acquire(name: str, publish: str) -> Script:
+    return Script(
+        name,
+        _PRELUDE
+        + f"""
 local value = redis.call('GET', KEYS[1])
 if value then
-  local holder, token = parse(value)
+  local holder, token, metadata = parse(value)
   if holder ~= ARGV[1] then
+    if metadata then
+      return {{holder, metadata}}
+    end
     return holder
   end
-  extend(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
+  refresh(KEYS[1], KEYS[2], token, holder, metadata, ARGV[4], ARGV[2], ARGV[3])
   return tonumber(token)
 end
-return tonumber(grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]))
+local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+notify(KEYS[1], '{publish}', 'granted')
+return tonumber(token)
 """,
-)
+    )
+
+
+ACQUIRE = _acquire("acquire", "PUBLISH")
+ACQUIRE_SHARDED = _acquire("acquire_sharded", "SPUBLISH")
+ACQUIRE_SILENT = _acquire("acquire_silent", "")
+ACQUIRES = {b"PUBLISH": ACQUIRE, b"SPUBLISH": ACQUIRE_SHARDED, b"": ACQUIRE_SILENT}
+"""The acquire script that publishes with each publish command (see ``_ops.context``)."""
 
 # KEYS: lease. ARGV: owner, publish ('PUBLISH', 'SPUBLISH' on a cluster, or '' for
 # none). Deletes the lease only if ARGV[1] holds it (an expired lease is already gone);
@@ -143,7 +210,7 @@ RELEASE = Script(
     + """
 if held_by(KEYS[1], ARGV[1]) then
   redis.call('DEL', KEYS[1])
-  notify(KEYS[1], ARGV[2])
+  notify(KEYS[1], ARGV[2], '')
   return 1
 end
 return 0
@@ -163,7 +230,7 @@ if value then
   local owner, token = parse(value)
   if owner == ARGV[1] and token == ARGV[2] then
     redis.call('DEL', KEYS[1])
-    notify(KEYS[1], ARGV[3])
+    notify(KEYS[1], ARGV[3], '')
     return 1
   end
 end
@@ -186,23 +253,31 @@ return 0
 )
 
 # KEYS: lease, counter. ARGV: from_owner, to_owner, ttl_ms, counter_px, publish (as
-# RELEASE's: waiters are told to look again, the key now being someone else's). Rewrites the
-# live lease of ARGV[1] in place for ARGV[2] with a new token and a fresh TTL: one
-# SET, so the key is never free in between. Transfer to oneself is a renew and keeps
-# the token. Returns 1, or 0 if ARGV[1] does not hold a live lease.
+# RELEASE's: waiters are told to look again, the key now being someone else's), and the
+# new owner's metadata (absent: none). Rewrites the live lease of ARGV[1] in place for
+# ARGV[2] with a new token, a fresh TTL and that metadata: one SET, so the key is never
+# free in between, and the predecessor's metadata never carries over. Transfer to
+# oneself is a renew that keeps the token and sets the metadata given. Returns 1, or 0
+# if ARGV[1] does not hold a live lease. The hint is a release hint, not a 'granted'
+# one: it wakes every waiter, owner watchers included.
 TRANSFER = Script(
     "transfer",
     _PRELUDE
     + """
-if not held_by(KEYS[1], ARGV[1]) then
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return 0
+end
+local holder, token, metadata = parse(value)
+if holder ~= ARGV[1] then
   return 0
 end
 if ARGV[2] == ARGV[1] then
-  extend(KEYS[1], KEYS[2], ARGV[3], ARGV[4])
+  refresh(KEYS[1], KEYS[2], token, holder, metadata, ARGV[6], ARGV[3], ARGV[4])
   return 1
 end
-grant(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4])
-notify(KEYS[1], ARGV[5])
+grant(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[6])
+notify(KEYS[1], ARGV[5], '')
 return 1
 """,
 )
@@ -238,5 +313,19 @@ for i = 1, #KEYS do
   end
 end
 return table.concat(renewed)
+""",
+)
+
+# KEYS: lease. The whole record of the live lease in one step: {value, PTTL} (the value
+# as stored, read by ``_ops.read_lease_value``; the milliseconds left by the server's
+# clock), or nil (a nil reply) when the key is free.
+RECORD = Script(
+    "record",
+    """
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return nil
+end
+return {value, redis.call('PTTL', KEYS[1])}
 """,
 )

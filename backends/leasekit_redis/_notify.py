@@ -1,8 +1,13 @@
-"""Release notifications over Redis pub/sub: one subscriber connection per provider.
+"""Release and grant notifications over Redis pub/sub: one subscriber connection per provider.
 
 The release and transfer scripts publish on ``<lease name>:released`` (the lease's own
 hash tag, so on Redis Cluster the sharded ``SPUBLISH`` stays in the lease's slot and
-reaches only that shard's subscribers). A provider that has waiters subscribes to the
+reaches only that shard's subscribers) with an empty payload: every waiter of the key
+looks again. The acquire script publishes ``granted`` on the same channel when it takes
+a free key (never on the holder's re-acquire): that hint wakes only the watchers that
+asked for grants (``watch_owner``, ``leaders``), not the acquirers, who would only be
+denied again. A listener from before grant hints existed takes one for a release hint:
+a needless look, nothing worse. A provider that has waiters subscribes to the
 channels of the keys they wait for, on one pub/sub connection shared by all of them
 (:class:`RedisReleaseListener`); each message wakes that key's waiters through the
 toolkit's :class:`~leasekit.backend.ReleaseHub`. Expiry sends nothing: waiters also
@@ -24,9 +29,11 @@ from typing import Any
 
 from leasekit.backend import ReleaseHub, ReleaseWatch, stop_task
 
-__all__ = ["CHANNEL_SUFFIX", "RedisReleaseListener", "channel_name"]
+__all__ = ["CHANNEL_SUFFIX", "GRANTED", "RedisReleaseListener", "channel_name"]
 
 CHANNEL_SUFFIX = b":released"
+GRANTED = b"granted"
+"""The payload of a grant hint (the acquire script's)."""
 
 _log = logging.getLogger("leasekit.redis")
 
@@ -50,14 +57,16 @@ class RedisReleaseListener:
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
         self._closed = False
 
-    async def watch(self, key: str, lease: bytes) -> ReleaseWatch:
+    async def watch(self, key: str, lease: bytes, *, grants: bool = False) -> ReleaseWatch:
         """Watch ``key`` (whose lease name is ``lease``); returns once subscribed.
+
+        ``grants``: grant hints wake the watch too (an owner watcher's).
 
         The first waiter of a key subscribes; the others who arrive before the server
         confirms it wait for the same confirmation (one ``SUBSCRIBE`` per channel: the
         channel and its confirmation are registered before anything is awaited).
         """
-        watch = self.hub.watch(key)
+        watch = self.hub.watch(key, grants=grants)
         channel = channel_name(lease)
         try:
             pending = self._confirmed.get(channel)
@@ -165,7 +174,12 @@ class RedisReleaseListener:
         elif kind in ("message", "smessage"):
             key = self._channels.get(channel)
             if key is not None:
-                self.hub.notify(key)
+                # A grant of the free key wakes owner watchers only; anything else
+                # (release, transfer: an empty payload) wakes every waiter.
+                data = message.get("data")
+                if isinstance(data, str):
+                    data = data.encode()  # a caller's client with decode_responses=True
+                self.hub.notify(key, granted=data == GRANTED)
 
     def _lost(self) -> None:
         """The subscriber connection failed: forget it; every waiter looks again."""

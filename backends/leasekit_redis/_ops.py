@@ -32,6 +32,7 @@ from leasekit import (
     LeaseBackendTimeout,
     LeaseResult,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "inspect_batch",
     "owner",
     "read_lease_value",
+    "record",
     "release",
     "release_grant",
     "remaining",
@@ -119,14 +121,16 @@ class OpContext(NamedTuple):
     """What a provider's operations share: its prefix, counter TTL and publish command.
 
     ``publish`` is the command the scripts tell waiters with (``PUBLISH``,
-    ``SPUBLISH``, or ``b""`` for none). ``wait`` is the ``WAIT`` sent behind every
-    grant, renewal and transfer, or ``None`` without ``min_replicas``.
+    ``SPUBLISH``, or ``b""`` for none), and ``acquire`` the acquire script that
+    publishes with it. ``wait`` is the ``WAIT`` sent behind every grant, renewal and
+    transfer, or ``None`` without ``min_replicas``.
     """
 
     prefix: str
     raw_prefix: bytes
     counter_ttl_ms: int | None
     publish: bytes
+    acquire: _lua.Script = _lua.ACQUIRE
     wait: Command | None = None
     min_replicas: int = 0
     replica_timeout_ms: int = 0
@@ -142,7 +146,14 @@ def context(
     """The :class:`OpContext` of a provider with these (already checked) settings."""
     wait: Command | None = ("WAIT", min_replicas, replica_timeout_ms) if min_replicas else None
     return OpContext(
-        prefix, prefix.encode(), counter_ttl_ms, publish, wait, min_replicas, replica_timeout_ms
+        prefix,
+        prefix.encode(),
+        counter_ttl_ms,
+        publish,
+        _lua.ACQUIRES[publish],
+        wait,
+        min_replicas,
+        replica_timeout_ms,
     )
 
 
@@ -212,14 +223,41 @@ def _owned_for(
     )
 
 
-def acquire(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Request, LeaseResult]:
-    """``ACQUIRE``: the token (an int) when granted, else the holder (text)."""
-    call = _owned_for(ctx, _lua.ACQUIRE, key, owner, ttl_ms)
-    return _acquire(ctx, call if ctx.wait is None else _writing(ctx, call), key, owner)
+def acquire(
+    ctx: OpContext, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+) -> Operation[Request, LeaseResult]:
+    """``ACQUIRE``: the token (an int) when granted, else the holder (text), with its
+    metadata (``[holder, metadata]``) when it stored some.
+
+    ``metadata`` is stored with the grant (the holder's re-acquire replaces its own);
+    without it the script is sent one argument shorter and stores none.
+    """
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    names = _names(ctx.raw_prefix, key)
+    counter_px = _counter_px(ttl_ms, ctx.counter_ttl_ms)
+    if metadata is None:
+        call = ScriptCall(ctx.acquire, names, (owner.encode(), ttl_ms, counter_px))
+        return _acquire(ctx, call if ctx.wait is None else _writing(ctx, call), key, owner, None)
+    data = _metadata(metadata)
+    call = ScriptCall(ctx.acquire, names, (owner.encode(), ttl_ms, counter_px, data))
+    return _acquire(ctx, _writing(ctx, call), key, owner, data)
+
+
+def _metadata(metadata: bytes | str) -> bytes:
+    """Checked metadata, as the bytes stored (refused before any I/O)."""
+    data = validate_metadata(metadata)
+    assert data is not None  # only None is checked into None
+    return data
 
 
 def _acquire(
-    ctx: OpContext, request: ScriptCall | Acknowledged, key: str, owner: str
+    ctx: OpContext,
+    request: ScriptCall | Acknowledged,
+    key: str,
+    owner: str,
+    metadata: bytes | None,
 ) -> Operation[Request, LeaseResult]:
     reply = yield request
     if ctx.wait is not None:  # inline, not _unpack: every acquire's path
@@ -227,16 +265,27 @@ def _acquire(
         if isinstance(reply, int) and not isinstance(reply, bool):
             _check_acks(ctx, key, acks)
     if isinstance(reply, int) and not isinstance(reply, bool):
-        return LeaseResult(True, owner, reply)
+        return LeaseResult(True, owner, reply, metadata)
     try:
+        if isinstance(reply, list) and len(reply) == 2:
+            holder, held_with = reply
+            if isinstance(holder, bytes | str) and isinstance(held_with, bytes | str):
+                return LeaseResult(False, _text(holder), None, _raw(held_with))
         if not isinstance(reply, bytes | str):
             raise GarbledReply(f"unexpected reply {reply!r:.80}")
-        try:
-            return LeaseResult(False, _raw(reply).decode(), None)
-        except UnicodeDecodeError:
-            raise GarbledReply(f"unexpected reply {reply!r:.80}") from None
+        return LeaseResult(False, _text(reply), None)
     except GarbledReply as exc:
         raise _garbled(ctx, key, exc) from exc
+
+
+def _text(reply: bytes | str) -> str:
+    """An owner as a script returned it (text already, from a decoding client)."""
+    if isinstance(reply, str):
+        return reply
+    try:
+        return reply.decode()
+    except UnicodeDecodeError:
+        raise GarbledReply(f"unexpected reply {reply!r:.80}") from None
 
 
 def owner(ctx: OpContext, key: str) -> Operation[Request, str | None]:
@@ -255,6 +304,30 @@ def _owner(ctx: OpContext, command: Command, key: str) -> Operation[Request, str
         return read_lease_value(reply)[0]
     except GarbledReply as exc:
         raise _garbled(ctx, key, exc) from exc
+
+
+def record(ctx: OpContext, key: str) -> Operation[Request, LeaseRecord | None]:
+    """``RECORD``: the live lease's owner, token, metadata and ``PTTL`` in one step."""
+    validate_key(key)
+    call = ScriptCall(_lua.RECORD, (_keys.lease_name(ctx.raw_prefix, key),), ())
+    return _record(ctx, call, key)
+
+
+def _record(ctx: OpContext, call: ScriptCall, key: str) -> Operation[Request, LeaseRecord | None]:
+    reply = yield call
+    if reply is None:
+        return None
+    try:
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise GarbledReply(f"unexpected reply {reply!r:.80}")
+        value, left = reply
+        if not isinstance(value, bytes | str) or not isinstance(left, int) or left == -1:
+            # -1: a key without a TTL, which no leasekit script writes.
+            raise GarbledReply(f"unexpected reply {reply!r:.80}")
+        holder, token, metadata = read_lease_value(value)
+    except GarbledReply as exc:
+        raise _garbled(ctx, key, exc) from exc
+    return LeaseRecord(key, holder, token, max(1, left), metadata)
 
 
 def release(ctx: OpContext, key: str, owner: str) -> Operation[Request, bool]:
@@ -286,24 +359,32 @@ def renew(ctx: OpContext, key: str, owner: str, ttl_ms: int) -> Operation[Reques
 
 
 def transfer(
-    ctx: OpContext, key: str, from_owner: str, to_owner: str, ttl_ms: int
+    ctx: OpContext,
+    key: str,
+    from_owner: str,
+    to_owner: str,
+    ttl_ms: int,
+    *,
+    metadata: bytes | str | None = None,
 ) -> Operation[Request, bool]:
-    """``TRANSFER`` of ``key`` from one owner to another: True when it took effect."""
+    """``TRANSFER`` of ``key`` from one owner to another: True when it took effect.
+
+    ``metadata`` replaces the holder's, for the new owner (``None``: none).
+    """
     validate_key(key)
     validate_owner(from_owner, "from_owner")
     validate_owner(to_owner, "to_owner")
     validate_ttl_ms(ttl_ms)
-    call = ScriptCall(
-        _lua.TRANSFER,
-        _names(ctx.raw_prefix, key),
-        (
-            from_owner.encode(),
-            to_owner.encode(),
-            ttl_ms,
-            _counter_px(ttl_ms, ctx.counter_ttl_ms),
-            ctx.publish,
-        ),
+    args: tuple[Arg, ...] = (
+        from_owner.encode(),
+        to_owner.encode(),
+        ttl_ms,
+        _counter_px(ttl_ms, ctx.counter_ttl_ms),
+        ctx.publish,
     )
+    if metadata is not None:
+        args += (_metadata(metadata),)
+    call = ScriptCall(_lua.TRANSFER, _names(ctx.raw_prefix, key), args)
     return _flag(ctx, _writing(ctx, call), key)
 
 
@@ -380,19 +461,31 @@ def inspect_batch(names: Sequence[tuple[str, bytes]]) -> Operation[Pipelined, li
         if not isinstance(value, bytes | str) or not isinstance(left, int) or left <= 0:
             continue  # not a lease value, or expired or released since it was listed
         try:
-            holder, token = read_lease_value(value)
+            holder, token, metadata = read_lease_value(value)
         except GarbledReply:
             continue
-        records.append(LeaseRecord(key, holder, token, left))
+        records.append(LeaseRecord(key, holder, token, left, metadata))
     return records
 
 
-def read_lease_value(value: bytes | str) -> tuple[str, int]:
-    """Split a stored lease value ``b"<token> <owner>"`` into ``(owner, token)``."""
-    token, sep, holder = _raw(value).partition(b" ")
-    if not sep or not holder or not token.isdigit():
+def read_lease_value(value: bytes | str) -> tuple[str, int, bytes | None]:
+    """Split a stored lease value into ``(owner, token, metadata)``.
+
+    ``b"<token> <owner>"`` (no metadata: ``None``) or ``b"<token>:<n> <owner><metadata>"``,
+    the metadata being the last ``n`` bytes (see ``_lua``).
+    """
+    raw = _raw(value)
+    head, sep, rest = raw.partition(b" ")
+    token, colon, size = head.partition(b":")
+    metadata: bytes | None = None
+    if colon:
+        if not size.isdigit() or int(size) >= len(rest):
+            raise GarbledReply(f"not a lease value: {value!r:.80}")
+        cut = len(rest) - int(size)
+        rest, metadata = rest[:cut], rest[cut:]
+    if not sep or not rest or not token.isdigit():
         raise GarbledReply(f"not a lease value: {value!r:.80}")
     try:
-        return holder.decode(), int(token)
+        return rest.decode(), int(token), metadata
     except UnicodeDecodeError:
         raise GarbledReply(f"not a lease value: {value!r:.80}") from None

@@ -78,9 +78,11 @@ CAPABILITIES = Capabilities(
     shared_across_hosts=True,
     persistent=False,
     release_notifications=True,
+    grant_notifications=True,
+    metadata=True,
 )
-"""Both providers'; the async one turns notifications off on a cluster client without
-pub/sub (redis-py before 8)."""
+"""Both providers'; the async one turns notifications (release and grant) off on a
+cluster client without pub/sub (redis-py before 8)."""
 
 SENTINEL_SCHEME = "redis+sentinel"
 _SCHEMES = ("redis", "rediss", SENTINEL_SCHEME)

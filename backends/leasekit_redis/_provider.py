@@ -130,7 +130,9 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         # Release notifications: the scripts publish on the lease's channel, sharded on a
         # cluster; a cluster client needs redis-py 8's asyncio cluster pub/sub.
         if cluster and not callable(getattr(client, "pubsub", None)):
-            self.capabilities = replace(self.capabilities, release_notifications=False)
+            self.capabilities = replace(
+                self.capabilities, release_notifications=False, grant_notifications=False
+            )
         notify = self.capabilities.release_notifications
         publish = b"" if not notify else (b"SPUBLISH" if cluster else b"PUBLISH")
         self._ctx = _ops.context(
@@ -217,8 +219,10 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
     # _refuse_if_closed comes before self._exchange is read: it may rebuild the provider
     # (a fork, a new loop), and nothing may join a batch once closed.
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        operation = _ops.acquire(self._ctx, key, owner, ttl_ms)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata=metadata)
         if self._undos:
             await self._after_undo(key, owner)
         self._refuse_if_closed()
@@ -226,6 +230,13 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
 
     async def get_lease_owner(self, key: str) -> str | None:
         operation = _ops.owner(self._ctx, key)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key)
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key``: owner, token, metadata and ``PTTL``, in one script
+        (``SupportsRecords``); ``None`` when free."""
+        operation = _ops.record(self._ctx, key)
         self._refuse_if_closed()
         return await self._call(drive_async(operation, self._exchange), key)
 
@@ -251,8 +262,16 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         self._refuse_if_closed()
         return await self._call(drive_async(operation, self._exchange), key)
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata=metadata)
         grant = to_owner if to_owner != from_owner else None  # else a renewal
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
@@ -295,17 +314,20 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
 
     # -- waiting without polling -----------------------------------------------------------
 
-    async def watch_release(self, key: str) -> ReleaseWatch:
+    async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
         """Watch ``key`` for release and transfer: its channel on the provider's subscriber.
 
-        Expiry publishes nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
+        With ``grants``, for grants of the free key too (``grant_notifications``): the
+        acquire script publishes a ``granted`` hint when it takes a free key. Expiry
+        publishes nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
         """
         validate_key(key)
         self._refuse_if_closed()
         if not self._ctx.publish:
-            return ReleaseHub().watch(key)  # no channel here: the remaining TTL alone
+            # No channel here: the remaining TTL alone.
+            return ReleaseHub().watch(key, grants=grants)
         lease = _keys.lease_name(self._ctx.raw_prefix, key)
-        return await self._call(self._listener.watch(key, lease), key)
+        return await self._call(self._listener.watch(key, lease, grants=grants), key)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` by the server's clock (``PTTL``)."""
@@ -463,9 +485,11 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
     # Each operation through drive, inside the base's _call (typed loosely: hence the
     # annotated results).
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
         """Blocking :meth:`RedisLeaseProvider.acquire_lease`."""
-        operation = _ops.acquire(self._ctx, key, owner, ttl_ms)
+        operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata=metadata)
         result: LeaseResult = self._call(drive, operation, self._exchange, key=key)
         return result
 
@@ -473,6 +497,13 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         """Blocking :meth:`RedisLeaseProvider.get_lease_owner`."""
         holder: str | None = self._call(drive, _ops.owner(self._ctx, key), self._exchange, key=key)
         return holder
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Blocking :meth:`RedisLeaseProvider.get_lease_record`."""
+        found: LeaseRecord | None = self._call(
+            drive, _ops.record(self._ctx, key), self._exchange, key=key
+        )
+        return found
 
     def release_lease(self, key: str, owner: str) -> None:
         """Blocking :meth:`RedisLeaseProvider.release_lease`."""
@@ -516,8 +547,16 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         )
         return remaining
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
         """Blocking :meth:`RedisLeaseProvider.transfer_lease`."""
-        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms)
+        operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata=metadata)
         moved: bool = self._call(drive, operation, self._exchange, key=key)
         return moved
