@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
+from leasekit_postgres._sql import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -366,8 +367,9 @@ async def test_first_use_creates_table_sequence_index_and_meta(
         ("owner", "bytea"),
         ("token", "bigint"),
         ("expires_at", "timestamp with time zone"),
+        ("metadata", "bytea"),
     ]
-    assert version == (2,)
+    assert version == (SCHEMA_VERSION,)
 
 
 async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
@@ -379,9 +381,70 @@ async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_
     with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
         await provider.acquire_lease("k", "a", LONG_MS)
     assert relation_kinds(postgres_url, postgres_table) == {}
-    assert await provider.migrate() == 2
-    assert await provider.migrate() == 2  # idempotent
+    assert await provider.migrate() == SCHEMA_VERSION
+    assert await provider.migrate() == SCHEMA_VERSION  # idempotent
     await exercise_every_operation(provider, "k")
+    await provider.aclose()
+
+
+def create_version_2_table(url: str, table: str) -> None:
+    """The schema leasekit wrote before lease metadata (version 2), with one live lease."""
+    names = {
+        "table": identifier(table),
+        "meta": identifier(f"{table}_meta"),
+        "seq": identifier(f"{table}_token_seq"),
+    }
+    with admin(url) as conn:
+        for statement in (
+            "CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea NOT NULL, "
+            "token bigint NOT NULL, expires_at timestamptz NOT NULL)",
+            "CREATE SEQUENCE {seq} AS bigint",
+            "CREATE TABLE {meta} (name text PRIMARY KEY, value bigint NOT NULL)",
+            "INSERT INTO {meta} VALUES ('schema_version', 2)",
+            "INSERT INTO {table} VALUES "
+            "('old', 'before', 7, clock_timestamp() + interval '1 hour')",
+        ):
+            used = {k: v for k, v in names.items() if f"{{{k}}}" in statement}
+            conn.execute(sql.SQL(statement).format(**used))
+
+
+async def test_a_version_2_table_gains_the_metadata_column_on_first_use(
+    postgres_url: str, postgres_table: str
+) -> None:
+    create_version_2_table(postgres_url, postgres_table)
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as provider:
+        # The lease taken before the upgrade is still there, without metadata.
+        old = await provider.get_lease_record("old")
+        assert old is not None
+        assert (old.owner, old.token, old.metadata) == ("before", 7, None)
+        denied = await provider.acquire_lease("old", "b", LONG_MS, metadata=b"b:1")
+        assert denied == leasekit.LeaseResult(False, "before", None, None)
+        granted = await provider.acquire_lease("k", "a", LONG_MS, metadata=b"a:1")
+        assert (granted.acquired, granted.metadata) == (True, b"a:1")
+        assert await provider.acquire_lease("k", "b", LONG_MS) == leasekit.LeaseResult(
+            False, "a", None, b"a:1"
+        )
+    with admin(postgres_url) as conn:
+        version = conn.execute(
+            sql.SQL("SELECT value FROM {}").format(identifier(f"{postgres_table}_meta"))
+        ).fetchone()
+    assert version == (SCHEMA_VERSION,)
+
+
+async def test_without_create_schema_a_version_2_table_names_migrate_then_migrate_fixes_it(
+    postgres_url: str, postgres_table: str
+) -> None:
+    create_version_2_table(postgres_url, postgres_table)
+    provider = PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, create_schema=False
+    )
+    with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
+        await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")
+    assert await provider.migrate() == SCHEMA_VERSION
+    assert (await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")).metadata == b"m"
+    record = await provider.get_lease_record("k")
+    assert record is not None
+    assert record.metadata == b"m"
     await provider.aclose()
 
 
