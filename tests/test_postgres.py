@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
+from leasekit_postgres._notify import decode_payload
 from leasekit_postgres._sql import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
@@ -699,7 +700,13 @@ async def test_a_denied_acquire_names_the_holder_that_committed_while_it_waited(
     try:
         # Another client transfers the lease from x to y in a transaction it keeps open.
         await other.execute("BEGIN")
-        params = {"key": b"held", "from_owner": b"x", "to_owner": b"y", "ttl_ms": LONG_MS}
+        params = {
+            "key": b"held",
+            "from_owner": b"x",
+            "to_owner": b"y",
+            "ttl_ms": LONG_MS,
+            "metadata": b"y:1",
+        }
         assert (await other.execute(provider._sql.transfer, params)).rowcount == 1
         trace.messages()
         await trace.restart(pool)
@@ -707,20 +714,21 @@ async def test_a_denied_acquire_names_the_holder_that_committed_while_it_waited(
             provider.acquire_lease("held", "z", LONG_MS), postgres_url, app_name
         )
         await other.execute("COMMIT")
-        assert await task == leasekit.LeaseResult(False, "y", None)  # not the stale x
+        # Not the stale x, and y's metadata, in the same round trip.
+        assert await task == leasekit.LeaseResult(False, "y", None, b"y:1")
         assert ProtocolTrace.round_trips(trace.messages()) == 1
 
         # A brand-new key whose first row another client inserts while we wait: that
         # row is newer than our snapshot, so the holder is read once more.
         await trace.restart(pool)
         await other.execute("BEGIN")
-        params = {"key": b"new", "owner": b"f", "ttl_ms": LONG_MS}
+        params = {"key": b"new", "owner": b"f", "ttl_ms": LONG_MS, "metadata": b"f:1"}
         await other.execute(provider._sql.acquire, params)
         task = await start_blocked(
             provider.acquire_lease("new", "z", LONG_MS), postgres_url, app_name
         )
         await other.execute("COMMIT")
-        assert await task == leasekit.LeaseResult(False, "f", None)
+        assert await task == leasekit.LeaseResult(False, "f", None, b"f:1")
         assert ProtocolTrace.round_trips(trace.messages()) == 2
     finally:
         await other.close()
@@ -1617,8 +1625,9 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
         await provider.release_lease("k", "alice")
         assert (await asyncio.wait_for(waiter, 30)).owner == "bob"
         assert provider._listener._conn is None  # never listened
-        # Its release sends no NOTIFY: a listener's first notification is the release
-        # that a provider with notifications made after it (delivered in commit order).
+        # Its release sends no NOTIFY: a listener's first notifications are the grant
+        # and the release that a provider with notifications made after it (delivered
+        # in commit order).
         async with leasekit.connect(postgres_url, table=postgres_table) as notifying:
             channel = notifying._channel
             assert channel is not None
@@ -1629,8 +1638,73 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
                 await provider.release_lease("k", "bob")
                 await notifying.acquire_lease("m", "carol", LONG_MS)
                 await notifying.release_lease("m", "carol")
-                first = [n.payload async for n in listening.notifies(timeout=30, stop_after=1)]
-                assert [bytes.fromhex(payload).decode() for payload in first] == ["m"]
+                first = [n.payload async for n in listening.notifies(timeout=30, stop_after=2)]
+                assert [decode_payload(payload) for payload in first] == [
+                    ("m", True),
+                    ("m", False),
+                ]
+
+
+async def test_the_acquire_statement_hints_a_grant_only_when_the_key_changes_hands(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """Grant hints ride on the acquire statement: a fresh grant and a takeover send one;
+    the holder's re-acquire, a renewal, a transfer to oneself and a denial send none.
+
+    Notifications arrive in commit order, so the sequence heard is exact: a hint sent
+    where none belongs would show up in it before the next one expected."""
+    async with leasekit.connect(postgres_url, table=postgres_table) as leases:
+        channel = leases._channel
+        assert channel is not None
+        assert leases.capabilities.grant_notifications
+        async with await psycopg.AsyncConnection.connect(
+            postgres_url, autocommit=True
+        ) as listening:
+            await listening.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            assert (await leases.acquire_lease("k", "alice", LONG_MS)).acquired  # grant
+            assert (await leases.acquire_lease("k", "alice", LONG_MS, metadata="m")).acquired
+            assert await leases.renew_lease("k", "alice", LONG_MS)
+            assert await leases.transfer_lease("k", "alice", "alice", LONG_MS)
+            assert not (await leases.acquire_lease("k", "carol", LONG_MS)).acquired
+            assert await leases.transfer_lease("k", "alice", "bob", LONG_MS)  # release hint
+            await leases.release_lease("k", "bob")  # release hint
+            assert (await leases.acquire_lease("k", "dave", 1)).acquired  # grant
+            for _ in range(2000):  # denied until dave's millisecond is over: no hints
+                if (await leases.acquire_lease("k", "erin", LONG_MS)).acquired:  # takeover
+                    break
+                await asyncio.sleep(0.005)
+            await leases.release_lease("k", "erin")  # release hint
+            with leasekit.sync.connect(postgres_url, table=postgres_table) as blocking:
+                assert blocking.acquire_lease("s", "frank", LONG_MS).acquired  # grant
+                assert blocking.acquire_lease("s", "frank", LONG_MS).acquired
+                blocking.release_lease("s", "frank")  # release hint
+            heard = [n.payload async for n in listening.notifies(timeout=30, stop_after=8)]
+    assert [decode_payload(payload) for payload in heard] == [
+        ("k", True),
+        ("k", False),
+        ("k", False),
+        ("k", True),
+        ("k", True),
+        ("k", False),
+        ("s", True),
+        ("s", False),
+    ]
+
+
+async def test_a_watcher_of_grants_sees_a_blocking_providers_grant(
+    postgres_url: str, postgres_table: str
+) -> None:
+    async with leasekit.connect(postgres_url, table=postgres_table) as leases:
+        watch = await leases.watch_release("k", grants=True)
+        release_only = await leases.watch_release("k")
+        try:
+            with leasekit.sync.connect(postgres_url, table=postgres_table) as blocking:
+                assert blocking.acquire_lease("k", "alice", LONG_MS, metadata=b"a").acquired
+            assert await watch.wait(30.0)
+            assert not await release_only.wait(0)  # sent with the grant hint, if at all
+        finally:
+            watch.close()
+            release_only.close()
 
 
 def test_a_blocking_release_abandoned_at_the_timeout_never_ends_a_lease_granted_after_it(
