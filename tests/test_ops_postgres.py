@@ -71,11 +71,11 @@ def test_acquire_stores_metadata_as_bytes_and_returns_it() -> None:
 
 def test_acquire_on_a_channel_sends_the_statement_that_hints_grants() -> None:
     reply = (7, None, None, None)  # the fourth column: pg_notify's void, or NULL
-    sent, result = replay(_ops.acquire(SQL, "k", "alice", 1000, None, "chan"), [reply])
+    sent, result = replay(_ops.acquire(SQL, "k", "alice", 1000, None, notify=True), [reply])
     assert result == LeaseResult(True, "alice", 7)
     assert [q.statement for q in sent] == [SQL.acquire_notify]
-    assert sent[0].params["channel"] == "chan"
-    assert b"pg_notify" in SQL.acquire_notify
+    assert "channel" not in (sent[0].params or {})
+    assert b"pg_notify('leases_released', '+' || encode(key, 'hex'))" in SQL.acquire_notify
     assert b"pg_notify" not in SQL.acquire
 
 

@@ -101,8 +101,7 @@ class _RawCycler:
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
-    from ._notify import channel_for  # noqa: PLC0415
-    from ._sql import Statements  # noqa: PLC0415 (the backend's own statements)
+    from ._sql import Statements, channel_for  # noqa: PLC0415 (the backend's own statements)
 
     settings = _settings(target)
     table = _floor_table(target, settings)

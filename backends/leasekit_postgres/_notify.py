@@ -30,16 +30,11 @@ from typing import Any
 
 from leasekit.backend import ReleaseHub, ReleaseWatch, stop_task
 
-from ._sql import GRANT_PREFIX
+from ._sql import GRANT_PREFIX, channel_for
 
 __all__ = ["PostgresReleaseListener", "channel_for", "decode_payload"]
 
 _log = logging.getLogger("leasekit.postgres")
-
-
-def channel_for(table: str) -> str:
-    """The ``NOTIFY`` channel of a lease table (an identifier, at most 63 bytes)."""
-    return f"{table}_released"[:63]
 
 
 def decode_payload(payload: str) -> tuple[str, bool] | None:

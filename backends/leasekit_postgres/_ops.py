@@ -105,13 +105,13 @@ def acquire(  # noqa: PLR0917 (its retry rebuilds it from one tuple of arguments
     owner: str,
     ttl_ms: int,
     metadata: bytes | str | None = None,
-    channel: str | None = None,
+    notify: bool = False,
 ) -> Operation[LeaseResult]:
     """Acquire ``key`` for ``owner``: one statement, two for a brand-new key raced for.
 
-    ``metadata`` is stored with the grant; a denied caller gets the holder's. With a
-    ``channel``, the same statement sends owner watchers a grant hint when the key
-    changed hands.
+    ``metadata`` is stored with the grant; a denied caller gets the holder's. With
+    ``notify``, the same statement sends owner watchers a grant hint on the table's
+    channel when the key changed hands.
     """
     validate_key(key)
     validate_owner(owner)
@@ -122,10 +122,8 @@ def acquire(  # noqa: PLR0917 (its retry rebuilds it from one tuple of arguments
         "ttl_ms": ttl_ms,
         "metadata": None if metadata is None else validate_metadata(metadata),
     }
-    if channel is None:
-        return _acquire(sql, key, owner, sql.acquire, params)
-    params["channel"] = channel
-    return _acquire(sql, key, owner, sql.acquire_notify, params)
+    statement = sql.acquire_notify if notify else sql.acquire
+    return _acquire(sql, key, owner, statement, params)
 
 
 def _acquire(

@@ -70,6 +70,7 @@ class _PostgresProvider(SettingsAttributes):
         self._settings = settings
         self._sql = settings.statements
         self._channel = settings.channel
+        self._hint_grants = settings.channel is not None
         if not settings.notifications:
             self.capabilities = settings.capabilities
         self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
@@ -239,7 +240,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
         One statement, which also tells owner watchers when the key changed hands.
         """
-        args = (self._sql, key, owner, ttl_ms, metadata, self._channel)
+        args = (self._sql, key, owner, ttl_ms, metadata, self._hint_grants)
         return await self._send(
             _ops.acquire(*args), key, _ops.acquire, args, grant=owner, write=True
         )
@@ -450,7 +451,7 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Blocking :meth:`PostgresLeaseProvider.acquire_lease`."""
-        args = (self._sql, key, owner, ttl_ms, metadata, self._channel)
+        args = (self._sql, key, owner, ttl_ms, metadata, self._hint_grants)
         return self._send(_ops.acquire(*args), key, _ops.acquire, args, write=True)
 
     def get_lease_record(self, key: str) -> LeaseRecord | None:

@@ -128,6 +128,12 @@ _NEW_FENCE = (
 # draws is at least this (see Statements.acquire_notify).
 _STATEMENT_FENCE_FLOOR = "floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000"
 
+
+def channel_for(table: str) -> str:
+    """The ``NOTIFY`` channel of a lease table (an identifier, at most 63 bytes)."""
+    return f"{table}_released"[:63]
+
+
 GRANT_PREFIX = "+"
 """How a grant hint's payload starts (then the key in hex, as a release hint's whole
 payload): not a hex digit, so a listener that knows only release hints skips it."""
@@ -181,6 +187,7 @@ class Statements:
             "seq_regclass": table.sequence_regclass,
             "expiry_index": table.expiry_index,
             "expires_in": sql.SQL(_EXPIRES_IN),
+            "channel": sql.Literal(channel_for(str(table))),
         }
         names["fresh_token"] = sql.SQL(_NEW_FENCE).format(seq_regclass=names["seq_regclass"])
 
@@ -242,8 +249,9 @@ class Statements:
         # where to route in the same round trip.
         self.acquire = compose(_ACQUIRE.format(returning="", notify=""))
         # The same, telling owner watchers in the same statement when the key changed
-        # hands (%(channel)s: the table's NOTIFY channel; a fourth column, the
-        # pg_notify call's void, NULL when it sent nothing). The payload is
+        # hands, on the table's NOTIFY channel (a literal: a parameter would cost every
+        # acquire its adaptation; a fourth column, the pg_notify call's void, NULL when
+        # it sent nothing). The payload is
         # GRANT_PREFIX and the key in hex, which a release's waiters ignore and an
         # older leasekit's listener cannot decode, so skips. Changed hands means a
         # token drawn by this statement (a new grant: a free key, an expired one taken
@@ -257,7 +265,7 @@ class Statements:
             _ACQUIRE.format(
                 returning=f", lease.key, lease.token >= {_STATEMENT_FENCE_FLOOR} AS fresh",
                 notify=(
-                    ", (SELECT pg_notify(%(channel)s, "
+                    ", (SELECT pg_notify({channel}, "
                     f"'{GRANT_PREFIX}' || encode(key, 'hex')) FROM granted WHERE fresh)"
                 ),
             )
