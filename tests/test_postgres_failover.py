@@ -196,7 +196,8 @@ def promote_a_lagging_standby(url: str, table: str, last_value: int, rows: list[
         conn.execute(sql.SQL("DELETE FROM {}").format(identifier(table)))
         for row in rows:
             conn.execute(
-                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(identifier(table)), row
+                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(identifier(table)),
+                row,
             )
 
 
