@@ -57,7 +57,12 @@ class _RawCycler:
         self._ttl_us = ttl_ms * 1000
 
     async def cycle(self, key: str, owner: str) -> bool:
-        params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": self._ttl_us}
+        params = {
+            "key": key.encode(),
+            "owner": owner.encode(),
+            "ttl_us": self._ttl_us,
+            "metadata": None,
+        }
         # A connection per statement, as for leasekit: a lease's acquire and release are
         # separate calls, with the caller's work (and no connection held) between.
         async with self._pool.acquire() as conn, conn.cursor() as cursor:
