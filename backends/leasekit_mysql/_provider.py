@@ -19,7 +19,7 @@ from typing import Any, TypeAlias, TypeVar
 from asyncmy.pool import Pool
 
 from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseProviderClosed, LeaseResult
-from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider
+from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider, metadata_for
 
 from . import _aio, _ops, _options, _sql
 from ._aio import AioTransport, pool_options
@@ -161,7 +161,7 @@ class MySQLLeaseProvider(BackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Acquire ``key``; ``metadata`` is stored with the grant (``Capabilities.metadata``)."""
-        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata)
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata_for(self, metadata))
         return await self._write(op, key, owner)
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -199,7 +199,8 @@ class MySQLLeaseProvider(BackendProvider):
         metadata: bytes | str | None = None,
     ) -> bool:
         """Hand the lease on; ``metadata`` replaces the holder's (None clears it)."""
-        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, metadata)
+        data = metadata_for(self, metadata)
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, data)
         return await self._write(op, key, to_owner if to_owner != from_owner else None)
 
     async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
@@ -323,7 +324,7 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Blocking :meth:`MySQLLeaseProvider.acquire_lease`."""
-        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata)
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata_for(self, metadata))
         return self._run(op, key, write=True)
 
     def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -357,7 +358,8 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
         metadata: bytes | str | None = None,
     ) -> bool:
         """Blocking :meth:`MySQLLeaseProvider.transfer_lease`."""
-        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, metadata)
+        data = metadata_for(self, metadata)
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, data)
         return self._run(op, key, write=True)
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:

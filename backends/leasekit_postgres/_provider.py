@@ -31,6 +31,7 @@ from leasekit.backend import (
     ReleaseWatch,
     RenewItem,
     SyncBackendProvider,
+    metadata_for,
 )
 
 from . import _ops, _sql
@@ -240,7 +241,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
         One statement, which also tells owner watchers when the key changed hands.
         """
-        args = (self._sql, key, owner, ttl_ms, metadata, self._hint_grants)
+        data = metadata_for(self, metadata)
+        args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return await self._send(
             _ops.acquire(*args), key, _ops.acquire, args, grant=owner, write=True
         )
@@ -302,7 +304,13 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
     ) -> bool:
         """Hand the lease on; ``metadata`` replaces the holder's (``None`` clears it)."""
         operation = _ops.transfer(
-            self._sql, key, from_owner, to_owner, ttl_ms, metadata=metadata, channel=self._channel
+            self._sql,
+            key,
+            from_owner,
+            to_owner,
+            ttl_ms,
+            metadata=metadata_for(self, metadata),
+            channel=self._channel,
         )
         grant = to_owner if to_owner != from_owner else None  # else a renewal
         # Not retried on a lost connection: a transfer that ran before the connection
@@ -451,7 +459,8 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Blocking :meth:`PostgresLeaseProvider.acquire_lease`."""
-        args = (self._sql, key, owner, ttl_ms, metadata, self._hint_grants)
+        data = metadata_for(self, metadata)
+        args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return self._send(_ops.acquire(*args), key, _ops.acquire, args, write=True)
 
     def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -502,7 +511,13 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
     ) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.transfer_lease` (not retried, as there)."""
         operation = _ops.transfer(
-            self._sql, key, from_owner, to_owner, ttl_ms, metadata=metadata, channel=self._channel
+            self._sql,
+            key,
+            from_owner,
+            to_owner,
+            ttl_ms,
+            metadata=metadata_for(self, metadata),
+            channel=self._channel,
         )
         return self._send(operation, key, write=True)
 
