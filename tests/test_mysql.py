@@ -326,6 +326,15 @@ async def test_a_version_1_table_gains_the_metadata_column_on_first_use(
             False, "a", None, b"a:1"
         )
     assert await schema_version_of(mysql_url, mysql_table) == SCHEMA_VERSION
+    database, name = mysql_table.split(".")
+    async with admin(mysql_url) as cursor:
+        sequences = await one(
+            cursor,
+            "SELECT COUNT(*) FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = %s",
+            (database, f"{name}_token_seq"),
+        )
+    assert sequences == 0  # the table keeps its clock tokens: no sequence appears
 
 
 def test_a_version_1_table_gains_the_metadata_column_through_the_blocking_provider(

@@ -169,7 +169,8 @@ def _read_schema(schema: Schema) -> Op[_sql.Statements]:
                 f"has schema version {version}, older than this leasekit's "
                 f"({_sql.SCHEMA_VERSION}), and create_schema is off; {fix}"
             )
-        yield from _create(schema)
+        recorded = tokens if tokens in _sql.TOKEN_SOURCES.values() else None
+        yield from _create(schema, recorded)
         rows = yield Statement(ddl.meta, None, "rows")
         meta = {str(name): int(value) for name, value in rows}
         version, tokens = meta.get("schema_version", 0), meta.get("tokens", 0)
@@ -180,10 +181,11 @@ def _read_schema(schema: Schema) -> Op[_sql.Statements]:
     return schema.sql
 
 
-def _create(schema: Schema) -> Op[None]:
+def _create(schema: Schema, recorded: int | None = None) -> Op[None]:
+    """Create what is missing; ``recorded``: the token source an existing table keeps."""
     ddl = schema.ddl
     present = {str(name) for (name,) in (yield Statement(ddl.existing, ddl.names, "rows"))}
-    tokens = schema.token_source
+    tokens = recorded or schema.token_source
     if tokens is None:
         row = yield Statement("SELECT VERSION()", None, "row")
         mariadb = row is not None and "mariadb" in str(row[0]).lower()
