@@ -82,19 +82,17 @@ def test_acquire_is_one_statement_that_reads_the_token() -> None:
     result, sent = run(_ops.acquire(statements, "k\0é", "a", 1500), [7])
     assert result == LeaseResult(True, "a", 7)
     [statement] = sent
-    assert statement.sql == STATEMENTS.acquire
+    assert statement.sql == STATEMENTS.acquire_bare  # no metadata: NULL, not a parameter
     assert statement.reads == "lastrowid"
-    assert statement.params == {
-        "key": "k\0é".encode(),
-        "owner": b"a",
-        "ttl_us": 1_500_000,
-        "metadata": None,
-    }
+    assert statement.params == {"key": "k\0é".encode(), "owner": b"a", "ttl_us": 1_500_000}
+    assert "%(metadata)s" not in STATEMENTS.acquire_bare
+    assert STATEMENTS.acquire_bare == STATEMENTS.acquire.replace("%(metadata)s", "NULL")
 
 
 def test_acquire_stores_metadata_as_bytes_and_returns_it() -> None:
     result, [statement] = run(_ops.acquire(statements, "k", "a", 1500, "é:1"), [7])
     assert result == LeaseResult(True, "a", 7, "é:1".encode())
+    assert statement.sql == STATEMENTS.acquire
     assert statement.params is not None
     assert statement.params["metadata"] == "é:1".encode()
 

@@ -57,12 +57,7 @@ class _RawCycler:
         self._ttl_us = ttl_ms * 1000
 
     async def cycle(self, key: str, owner: str) -> bool:
-        params = {
-            "key": key.encode(),
-            "owner": owner.encode(),
-            "ttl_us": self._ttl_us,
-            "metadata": None,
-        }
+        params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": self._ttl_us}
         # A connection per statement, as for leasekit: a lease's acquire and release are
         # separate calls, with the caller's work (and no connection held) between.
         async with self._pool.acquire() as conn, conn.cursor() as cursor:
@@ -103,7 +98,7 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
         pool.close()
         await pool.wait_closed()
         raise
-    return _RawCycler(pool, statements.acquire, statements.release, target.ttl_ms)
+    return _RawCycler(pool, statements.acquire_bare, statements.release, target.ttl_ms)
 
 
 # -- tooz -----------------------------------------------------------------------------------

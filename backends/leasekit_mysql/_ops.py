@@ -230,25 +230,26 @@ def acquire(
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    params = {
-        "key": key.encode(),
-        "owner": owner.encode(),
-        "ttl_us": ttl_ms * 1000,
-        "metadata": None if metadata is None else validate_metadata(metadata),
-    }
-    return _acquire(sql, owner, params)
+    params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
+    if metadata is None:
+        return _acquire(sql, owner, params, None)
+    data = params["metadata"] = validate_metadata(metadata)
+    return _acquire(sql, owner, params, data)
 
 
-def _acquire(sql: Statements, owner: str, params: dict[str, Any]) -> Op[LeaseResult]:
+def _acquire(
+    sql: Statements, owner: str, params: dict[str, Any], metadata: bytes | None
+) -> Op[LeaseResult]:
     attempt = 0
     while True:
         attempt += 1
         try:
             s = sql()
+            statement = s.acquire_bare if metadata is None else s.acquire
             for _ in range(_DENIED_RETRIES):
-                token = yield (s.acquire, params, "lastrowid")
+                token = yield (statement, params, "lastrowid")
                 if token:
-                    return LeaseResult(True, owner, int(token), params["metadata"])
+                    return LeaseResult(True, owner, int(token), metadata)
                 row = yield (s.holder, params, "row")
                 if row is not None and bytes(row[0]) != params["owner"]:
                     held = None if row[1] is None else bytes(row[1])

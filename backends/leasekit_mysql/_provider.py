@@ -161,7 +161,8 @@ class MySQLLeaseProvider(BackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Acquire ``key``; ``metadata`` is stored with the grant (``Capabilities.metadata``)."""
-        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata_for(self, metadata))
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, data)
         return await self._write(op, key, owner)
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -324,7 +325,8 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Blocking :meth:`MySQLLeaseProvider.acquire_lease`."""
-        op = _ops.acquire(self._statements, key, owner, ttl_ms, metadata_for(self, metadata))
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, data)
         return self._run(op, key, write=True)
 
     def get_lease_record(self, key: str) -> LeaseRecord | None:

@@ -241,7 +241,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
         One statement, which also tells owner watchers when the key changed hands.
         """
-        data = metadata_for(self, metadata)
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
         args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return await self._send(
             _ops.acquire(*args), key, _ops.acquire, args, grant=owner, write=True
@@ -459,7 +459,7 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         """Blocking :meth:`PostgresLeaseProvider.acquire_lease`."""
-        data = metadata_for(self, metadata)
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
         args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return self._send(_ops.acquire(*args), key, _ops.acquire, args, write=True)
 
