@@ -317,13 +317,14 @@ def test_the_postgres_floor_reads_the_url_as_the_provider_does(
 def test_the_postgres_floor_releases_with_pg_notify_as_leasekit_does(
     postgres_url: str, postgres_schema: str
 ) -> None:
-    """With notifications on (the default), leasekit's release calls pg_notify; the floor
-    runs the same statement, so a listener on the floor table's channel hears it."""
+    """With notifications on (the default), leasekit's acquire (a grant hint) and release
+    call pg_notify; the floor runs the same statements, so a listener on the floor
+    table's channel hears both."""
     import asyncio  # noqa: PLC0415
     import uuid  # noqa: PLC0415
 
     import psycopg  # noqa: PLC0415
-    from leasekit_postgres._notify import channel_for  # noqa: PLC0415
+    from leasekit_postgres._notify import channel_for, decode_payload  # noqa: PLC0415
     from leasekit_postgres._sql import TableName  # noqa: PLC0415
 
     separator = "&" if "?" in postgres_url else "?"
@@ -348,11 +349,13 @@ def test_the_postgres_floor_releases_with_pg_notify_as_leasekit_does(
         listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
         try:
             assert asyncio.run(one_cycle())
-            heard = [n.channel for n in listener.notifies(timeout=10.0, stop_after=1)]
+            heard = list(listener.notifies(timeout=10.0, stop_after=2))
         finally:
             assert bench.cleanup is not None
             asyncio.run(bench.cleanup(target))
-    assert heard == [channel]
+    assert [n.channel for n in heard] == [channel, channel]
+    key = f"{target.namespace}:k"
+    assert [decode_payload(n.payload) for n in heard] == [(key, True), (key, False)]
 
 
 def test_errors_exit_like_the_other_commands() -> None:

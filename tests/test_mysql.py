@@ -26,6 +26,7 @@ from scenarios import LONG_MS, connect_mysql, exercise_every_operation
 from servers import MariaDBServer, free_port, missing_extra
 
 import leasekit
+import leasekit.sync
 
 try:
     import asyncmy
@@ -33,6 +34,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("mysql", "the MySQL tests")
 
 from leasekit_mysql import MySQLLeaseProvider
+from leasekit_mysql._sql import SCHEMA_VERSION
 
 from leasekit.backend import parse_url
 
@@ -239,8 +241,8 @@ async def test_first_use_creates_table_sequence_and_meta(
         f"{name}_meta": "BASE TABLE",
         f"{name}_token_seq": "SEQUENCE",
     }
-    assert meta == {"schema_version": 1, "tokens": 1}
-    assert columns["lease_key"] == columns["owner"] == "varbinary"
+    assert meta == {"schema_version": SCHEMA_VERSION, "tokens": 1}
+    assert columns["lease_key"] == columns["owner"] == columns["metadata"] == "varbinary"
     assert columns["expires_at"] == "datetime"
 
 
@@ -273,11 +275,96 @@ async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_
     provider = MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, create_schema=False)
     with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
         await provider.acquire_lease("k", "a", LONG_MS)
-    assert await provider.migrate() == 1
-    assert await provider.migrate() == 1  # idempotent, and quiet: no notes to fetch and log
+    assert await provider.migrate() == SCHEMA_VERSION
+    # Idempotent, and quiet: no notes to fetch and log.
+    assert await provider.migrate() == SCHEMA_VERSION
     assert (await provider.acquire_lease("k", "a", LONG_MS)).acquired
     await provider.aclose()
     assert not [r for r in caplog.records if r.levelno >= 30], caplog.records
+
+
+async def create_version_1_table(url: str, table: str) -> None:
+    """The schema leasekit wrote before lease metadata (version 1, clock tokens), with one
+    live lease."""
+    t, meta = quoted(table), quoted(f"{table}_meta")
+    async with admin(url) as cursor:
+        await cursor.execute(
+            f"CREATE TABLE {t} (lease_key VARBINARY(1024) NOT NULL, owner VARBINARY(1024)"
+            " NOT NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL,"
+            " PRIMARY KEY (lease_key)) ENGINE=InnoDB"
+        )
+        await cursor.execute(
+            f"CREATE TABLE {meta} (name VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,"
+            " value BIGINT NOT NULL) ENGINE=InnoDB"
+        )
+        await cursor.execute(f"INSERT INTO {meta} VALUES ('schema_version', 1), ('tokens', 2)")
+        await cursor.execute(
+            f"INSERT INTO {t} VALUES ('old', 'before', 7, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+        )
+
+
+async def schema_version_of(url: str, table: str) -> int:
+    meta = quoted(f"{table}_meta")
+    async with admin(url) as cursor:
+        return int(await one(cursor, f"SELECT value FROM {meta} WHERE name = 'schema_version'"))
+
+
+async def test_a_version_1_table_gains_the_metadata_column_on_first_use(
+    mysql_url: str, mysql_table: str
+) -> None:
+    await create_version_1_table(mysql_url, mysql_table)
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as provider:
+        # The lease taken before the upgrade is still there, without metadata.
+        old = await provider.get_lease_record("old")
+        assert old is not None
+        assert (old.owner, old.token, old.metadata) == ("before", 7, None)
+        denied = await provider.acquire_lease("old", "b", LONG_MS, metadata=b"b:1")
+        assert denied == leasekit.LeaseResult(False, "before", None, None)
+        granted = await provider.acquire_lease("k", "a", LONG_MS, metadata=b"a:1")
+        assert (granted.acquired, granted.metadata) == (True, b"a:1")
+        assert await provider.acquire_lease("k", "b", LONG_MS) == leasekit.LeaseResult(
+            False, "a", None, b"a:1"
+        )
+    assert await schema_version_of(mysql_url, mysql_table) == SCHEMA_VERSION
+    database, name = mysql_table.split(".")
+    async with admin(mysql_url) as cursor:
+        sequences = await one(
+            cursor,
+            "SELECT COUNT(*) FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = %s",
+            (database, f"{name}_token_seq"),
+        )
+    assert sequences == 0  # the table keeps its clock tokens: no sequence appears
+
+
+def test_a_version_1_table_gains_the_metadata_column_through_the_blocking_provider(
+    mysql_url: str, mysql_table: str
+) -> None:
+    asyncio.run(create_version_1_table(mysql_url, mysql_table))
+    with leasekit.sync.connect(mysql_url, table=mysql_table) as leases:
+        assert leases.acquire_lease("k", "a", LONG_MS, metadata="a:1").acquired
+        assert leases.acquire_lease("k", "b", LONG_MS) == leasekit.LeaseResult(
+            False, "a", None, b"a:1"
+        )
+        record = leases.get_lease_record("k")
+        assert record is not None
+        assert (record.owner, record.metadata) == ("a", b"a:1")
+    assert asyncio.run(schema_version_of(mysql_url, mysql_table)) == SCHEMA_VERSION
+
+
+async def test_without_create_schema_a_version_1_table_names_migrate_then_migrate_fixes_it(
+    mysql_url: str, mysql_table: str
+) -> None:
+    await create_version_1_table(mysql_url, mysql_table)
+    provider = MySQLLeaseProvider.from_url(mysql_url, table=mysql_table, create_schema=False)
+    with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
+        await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")
+    assert await provider.migrate() == SCHEMA_VERSION
+    assert (await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")).metadata == b"m"
+    record = await provider.get_lease_record("k")
+    assert record is not None
+    assert record.metadata == b"m"
+    await provider.aclose()
 
 
 async def test_a_newer_schema_version_is_refused(mysql_url: str, mysql_table: str) -> None:

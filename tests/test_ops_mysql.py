@@ -82,20 +82,39 @@ def test_acquire_is_one_statement_that_reads_the_token() -> None:
     result, sent = run(_ops.acquire(statements, "k\0é", "a", 1500), [7])
     assert result == LeaseResult(True, "a", 7)
     [statement] = sent
-    assert statement.sql == STATEMENTS.acquire
+    assert statement.sql == STATEMENTS.acquire_bare  # no metadata: NULL, not a parameter
     assert statement.reads == "lastrowid"
     assert statement.params == {"key": "k\0é".encode(), "owner": b"a", "ttl_us": 1_500_000}
+    assert "%(metadata)s" not in STATEMENTS.acquire_bare
+    assert STATEMENTS.acquire_bare == STATEMENTS.acquire.replace("%(metadata)s", "NULL")
 
 
-def test_a_denied_acquire_reads_the_holder() -> None:
-    result, sent = run(_ops.acquire(statements, "k", "a", 1), [0, (b"b",)])
-    assert result == LeaseResult(False, "b", None)
+def test_acquire_stores_metadata_as_bytes_and_returns_it() -> None:
+    result, [statement] = run(_ops.acquire(statements, "k", "a", 1500, "é:1"), [7])
+    assert result == LeaseResult(True, "a", 7, "é:1".encode())
+    assert statement.sql == STATEMENTS.acquire
+    assert statement.params is not None
+    assert statement.params["metadata"] == "é:1".encode()
+
+
+def test_a_denied_acquire_reads_the_holder_and_its_metadata() -> None:
+    result, sent = run(_ops.acquire(statements, "k", "a", 1), [0, (b"b", b"\0\xff")])
+    assert result == LeaseResult(False, "b", None, b"\0\xff")
     assert [s.reads for s in sent] == ["lastrowid", "row"]
-    assert sent[1].sql == STATEMENTS.owner
+    assert sent[1].sql == STATEMENTS.holder
+    result, _ = run(_ops.acquire(statements, "k", "a", 1), [0, (b"b", None)])
+    assert result == LeaseResult(False, "b", None, None)
+
+
+def test_record_reads_owner_token_metadata_and_time_left() -> None:
+    record, [statement] = run(_ops.record(statements, "k\0"), [(b"a", 3, b"m", 0)])
+    assert record == LeaseRecord("k\0", "a", 3, 1, b"m")
+    assert statement.sql == STATEMENTS.record
+    assert run(_ops.record(statements, "k"), [None])[0] is None
 
 
 def test_a_denied_acquire_whose_holder_left_tries_again_three_times() -> None:
-    replies: list[Any] = [0, None, 0, (b"a",), 0, None]  # gone; handed to us; gone
+    replies: list[Any] = [0, None, 0, (b"a", None), 0, None]  # gone; handed to us; gone
     result, sent = run(_ops.acquire(statements, "k", "a", 1), replies)
     assert result == LeaseResult(False, None, None)
     assert len(sent) == 6
@@ -113,7 +132,16 @@ def test_owner_renew_release_and_transfer_read_their_replies() -> None:
     moved, [statement] = run(_ops.transfer(statements, "k", "a", "b", 5), [1])
     assert moved is True
     assert statement.sql == STATEMENTS.transfer
-    assert statement.params == {"key": b"k", "from_owner": b"a", "to_owner": b"b", "ttl_us": 5000}
+    assert statement.params == {
+        "key": b"k",
+        "from_owner": b"a",
+        "to_owner": b"b",
+        "ttl_us": 5000,
+        "metadata": None,
+    }
+    _, [statement] = run(_ops.transfer(statements, "k", "a", "b", 5, b"b:1"), [1])
+    assert statement.params is not None
+    assert statement.params["metadata"] == b"b:1"
 
 
 @pytest.mark.parametrize(
@@ -129,6 +157,9 @@ def test_owner_renew_release_and_transfer_read_their_replies() -> None:
         (lambda: _ops.renew(unused, "k", "a", 2**31), "ttl_ms"),
         (lambda: _ops.transfer(unused, "k", "", "b", 1), "from_owner"),
         (lambda: _ops.transfer(unused, "k", "a", "\ud800", 1), "to_owner"),
+        (lambda: _ops.acquire(unused, "k", "a", 1, b"x" * 4097), "metadata"),
+        (lambda: _ops.transfer(unused, "k", "a", "b", 1, 5), "metadata"),  # type: ignore[arg-type]
+        (lambda: _ops.record(unused, ""), "key"),
         (lambda: _ops.inspect(unused, "", 10), "prefix"),
         (lambda: _ops.inspect(unused, None, 0), "limit"),
     ],
@@ -180,8 +211,8 @@ def no_table() -> Exception:
 
 def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
     schema = _ops.Schema(SETTINGS)
-    meta = [("schema_version", 1), ("tokens", _sql.TOKENS_SEQUENCE)]
-    replies: list[Any] = [no_table(), [("leases",)], ("10.11.6-MariaDB",), 0, 0, 1, meta]
+    meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_SEQUENCE)]
+    replies: list[Any] = [no_table(), [("leases",)], ("10.11.6-MariaDB",), (1,), 0, 0, 1, meta]
     ready, sent = run(_ops.ready(schema), replies)
     assert schema.sql is ready
     assert ready.acquire == STATEMENTS.acquire  # the sequence's statements
@@ -190,7 +221,8 @@ def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
         ddl.meta,
         ddl.existing,
         "SELECT VERSION()",
-        ddl.create_sequence,  # the table was there already
+        ddl.has_metadata,  # the table was there already, with its metadata column
+        ddl.create_sequence,
         ddl.create_meta,
         ddl.record_meta,
         ddl.meta,
@@ -200,7 +232,7 @@ def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
 
 def test_mysql_gets_clock_tokens_and_an_existing_table_keeps_its_source() -> None:
     schema = _ops.Schema(SETTINGS)
-    meta = [("schema_version", 1), ("tokens", _sql.TOKENS_CLOCK)]
+    meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
     replies: list[Any] = [no_table(), [], ("8.0.36",), 0, 0, 1, meta]
     ready, sent = run(_ops.ready(schema), replies)
     assert ddl_names(sent, schema) == ["create_table", "create_meta"]
@@ -226,27 +258,59 @@ def test_a_missing_table_without_create_schema_names_migrate() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     schema = _ops.Schema(SETTINGS)
-    with pytest.raises(LeaseBackendError, match="schema version 2"):
-        run(_ops.ready(schema), [[("schema_version", 2), ("tokens", 1)]])
+    with pytest.raises(LeaseBackendError, match="schema version 3"):
+        run(_ops.ready(schema), [[("schema_version", 3), ("tokens", 1)]])
 
 
 def test_migrate_creates_then_reads() -> None:
     schema = _ops.Schema(_options.settings({"table": "db.leases", "tokens": "clock"}))
     present = [("leases",), ("leases_meta",)]
-    meta = [("schema_version", 1), ("tokens", _sql.TOKENS_CLOCK)]
-    version, sent = run(_ops.migrate(schema), [present, 1, meta])
+    meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
+    version, sent = run(_ops.migrate(schema), [present, (1,), 1, meta])
     assert version == _sql.SCHEMA_VERSION
-    assert [s.sql for s in sent] == [schema.ddl.existing, schema.ddl.record_meta, schema.ddl.meta]
+    ddl = schema.ddl
+    assert [s.sql for s in sent] == [ddl.existing, ddl.has_metadata, ddl.record_meta, ddl.meta]
     assert schema.sql is not None
+
+
+def test_a_version_1_table_gains_the_metadata_column_then_records_version_2() -> None:
+    schema = _ops.Schema(SETTINGS)
+    old = [("schema_version", 1), ("tokens", _sql.TOKENS_CLOCK)]
+    new = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
+    present = [("leases",), ("leases_meta",)]
+    replies: list[Any] = [old, present, None, 0, 1, new]
+    ready, sent = run(_ops.ready(schema), replies)
+    ddl = schema.ddl
+    assert [s.sql for s in sent] == [
+        ddl.meta,
+        ddl.existing,  # the recorded token source is kept: no VERSION(), no sequence
+        ddl.has_metadata,
+        ddl.add_metadata,
+        ddl.record_meta,
+        ddl.meta,
+    ]
+    assert schema.sql is ready
+    # Another process added the column between our look and our ALTER: fine.
+    schema = _ops.Schema(SETTINGS)
+    duplicate = pymysql.err.OperationalError(1060, "Duplicate column name 'metadata'")
+    replies = [old, present, None, duplicate, 1, new]
+    assert run(_ops.ready(schema), replies)[0] is schema.sql
+
+
+def test_a_version_1_table_without_create_schema_names_migrate() -> None:
+    schema = _ops.Schema(_options.settings({"table": "db.leases", "create_schema": False}))
+    with pytest.raises(LeaseBackendError, match="leasekit migrate"):
+        run(_ops.ready(schema), [[("schema_version", 1), ("tokens", 1)]])
+    assert schema.sql is None
 
 
 # -- beyond the contract -------------------------------------------------------------------
 
 
 def test_inspect_reads_a_key_range_and_rounds_remaining_up() -> None:
-    rows = [(b"p/1", b"a", 4, 0), (b"p/2", b"b", 5, 1200)]
+    rows = [(b"p/1", b"a", 4, 0, None), (b"p/2", b"b", 5, 1200, b"m")]
     records, [statement] = run(_ops.inspect(statements, "p/", 10), [rows])
-    assert records == [LeaseRecord("p/1", "a", 4, 1), LeaseRecord("p/2", "b", 5, 1200)]
+    assert records == [LeaseRecord("p/1", "a", 4, 1), LeaseRecord("p/2", "b", 5, 1200, b"m")]
     assert statement.sql == STATEMENTS.inspect_prefix
     assert statement.params == {"limit": 10, "low": b"p/", "high": b"p0"}
     _, [everything] = run(_ops.inspect(statements, None, 10), [[]])

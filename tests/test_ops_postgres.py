@@ -51,33 +51,65 @@ def replay(
 
 
 def test_acquire_granted_returns_the_token_after_one_statement() -> None:
-    sent, result = replay(_ops.acquire(SQL, "k\0x", "alice", 1000), [(7, b"alice")])
+    sent, result = replay(_ops.acquire(SQL, "k\0x", "alice", 1000), [(7, None, None)])
     assert result == LeaseResult(True, "alice", 7)
     assert [q.statement for q in sent] == [SQL.acquire]
-    assert sent[0].params == {"key": b"k\0x", "owner": b"alice", "ttl_ms": 1000}
+    assert sent[0].params == {
+        "key": b"k\0x",
+        "owner": b"alice",
+        "ttl_ms": 1000,
+        "metadata": None,
+    }
     assert sent[0].reads == "row"
 
 
-def test_acquire_denied_names_the_holder() -> None:
-    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, "é".encode())])
-    assert result == LeaseResult(False, "é", None)
+def test_acquire_stores_metadata_as_bytes_and_returns_it() -> None:
+    sent, result = replay(_ops.acquire(SQL, "k", "alice", 1000, "é:1"), [(7, None, None)])
+    assert result == LeaseResult(True, "alice", 7, "é:1".encode())
+    assert sent[0].params["metadata"] == "é:1".encode()
+
+
+def test_acquire_on_a_channel_sends_the_statement_that_hints_grants() -> None:
+    reply = (7, None, None, None)  # the fourth column: pg_notify's void, or NULL
+    sent, result = replay(_ops.acquire(SQL, "k", "alice", 1000, None, notify=True), [reply])
+    assert result == LeaseResult(True, "alice", 7)
+    assert [q.statement for q in sent] == [SQL.acquire_notify]
+    assert "channel" not in (sent[0].params or {})
+    assert b"pg_notify('leases_released', '+' || encode(key, 'hex'))" in SQL.acquire_notify
+    assert b"pg_notify" not in SQL.acquire
+
+
+def test_acquire_denied_names_the_holder_and_its_metadata() -> None:
+    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, "é".encode(), b"\0\xff")])
+    assert result == LeaseResult(False, "é", None, b"\0\xff")
+    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, b"carol", None)])
+    assert result == LeaseResult(False, "carol", None, None)
+
+
+def test_acquire_refuses_bad_metadata_before_any_io() -> None:
+    with pytest.raises(InvalidLeaseArgument) as refused:
+        _ops.acquire(SQL, "k", "bob", 1000, b"x" * 4097)
+    assert refused.value.argument == "metadata"
+    with pytest.raises(InvalidLeaseArgument):
+        _ops.transfer(SQL, "k", "a", "b", 1000, metadata=5)  # type: ignore[arg-type]
 
 
 def test_acquire_denied_by_a_newer_row_asks_who_holds_it() -> None:
-    sent, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, None), (b"carol",)])
-    assert [q.statement for q in sent] == [SQL.acquire, SQL.owner]
-    assert result == LeaseResult(False, "carol", None)
+    replies = [(None, None, None), (b"carol", 3, b"c:1", 900)]
+    sent, result = replay(_ops.acquire(SQL, "k", "bob", 1000), replies)
+    assert [q.statement for q in sent] == [SQL.acquire, SQL.record]
+    assert result == LeaseResult(False, "carol", None, b"c:1")
 
 
 def test_acquire_denied_by_a_row_that_expired_since_reports_no_holder() -> None:
-    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, None), None])
+    _, result = replay(_ops.acquire(SQL, "k", "bob", 1000), [(None, None, None), None])
     assert result == LeaseResult(False, None, None)
 
 
 def test_acquire_handed_the_key_between_two_reads_acquires_again() -> None:
-    replies = [(None, None), (b"bob",), (9, b"bob")]
+    replies = [(None, None, None), (b"bob", 9, None, 900), (9, None, None)]
     sent, result = replay(_ops.acquire(SQL, "k", "bob", 1000), replies)
-    assert [q.statement for q in sent] == [SQL.acquire, SQL.owner, SQL.acquire]
+    assert [q.statement for q in sent] == [SQL.acquire, SQL.record, SQL.acquire]
     assert result == LeaseResult(True, "bob", 9)
 
 
@@ -128,9 +160,25 @@ def test_renew_and_transfer_read_the_row_count() -> None:
         "from_owner": b"alice",
         "to_owner": b"bob",
         "ttl_ms": 5,
+        "metadata": None,
         "channel": "c",
     }
     assert replay(_ops.transfer(SQL, "k", "alice", "bob", 5), [0])[1] is False
+    sent, _ = replay(_ops.transfer(SQL, "k", "alice", "bob", 5, metadata="b"), [1])
+    assert sent[0].params["metadata"] == b"b"
+
+
+def test_a_transfer_to_oneself_is_a_renewal_and_notifies_nobody() -> None:
+    sent, moved = replay(_ops.transfer(SQL, "k", "alice", "alice", 5, channel="c"), [1])
+    assert moved is True
+    assert sent[0].statement == SQL.transfer
+
+
+def test_record_reads_owner_token_metadata_and_time_left() -> None:
+    sent, record = replay(_ops.record(SQL, "k\0"), [(b"alice", 3, b"\0m", 0)])
+    assert record == LeaseRecord("k\0", "alice", 3, 1, b"\0m")
+    assert sent[0].statement == SQL.record
+    assert replay(_ops.record(SQL, "k"), [None])[1] is None
 
 
 # -- beyond the contract ---------------------------------------------------------------------
@@ -152,9 +200,12 @@ def test_renew_many_of_nothing_sends_nothing() -> None:
 
 
 def test_inspect_reads_records_and_turns_a_prefix_into_a_key_range() -> None:
-    rows = [(b"job/1", b"alice", 3, 0), (b"job/2", b"bob", 4, 1500)]
+    rows = [(b"job/1", b"alice", 3, 0, None), (b"job/2", b"bob", 4, 1500, b"b:2")]
     sent, records = replay(_ops.inspect(SQL, "job/", 10), [rows])
-    assert records == [LeaseRecord("job/1", "alice", 3, 1), LeaseRecord("job/2", "bob", 4, 1500)]
+    assert records == [
+        LeaseRecord("job/1", "alice", 3, 1),
+        LeaseRecord("job/2", "bob", 4, 1500, b"b:2"),
+    ]
     assert sent[0].statement == SQL.inspect_prefix
     assert sent[0].params == {"limit": 10, "low": b"job/", "high": b"job0"}
     sent, _ = replay(_ops.inspect(SQL), [[]])

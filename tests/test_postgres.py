@@ -40,6 +40,8 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import LeaseRecord, PostgresLeaseProvider
+from leasekit_postgres._notify import decode_payload
+from leasekit_postgres._sql import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -366,8 +368,9 @@ async def test_first_use_creates_table_sequence_index_and_meta(
         ("owner", "bytea"),
         ("token", "bigint"),
         ("expires_at", "timestamp with time zone"),
+        ("metadata", "bytea"),
     ]
-    assert version == (2,)
+    assert version == (SCHEMA_VERSION,)
 
 
 async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_fixes_it(
@@ -379,9 +382,70 @@ async def test_without_create_schema_a_missing_table_names_migrate_then_migrate_
     with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
         await provider.acquire_lease("k", "a", LONG_MS)
     assert relation_kinds(postgres_url, postgres_table) == {}
-    assert await provider.migrate() == 2
-    assert await provider.migrate() == 2  # idempotent
+    assert await provider.migrate() == SCHEMA_VERSION
+    assert await provider.migrate() == SCHEMA_VERSION  # idempotent
     await exercise_every_operation(provider, "k")
+    await provider.aclose()
+
+
+def create_version_2_table(url: str, table: str) -> None:
+    """The schema leasekit wrote before lease metadata (version 2), with one live lease."""
+    names = {
+        "table": identifier(table),
+        "meta": identifier(f"{table}_meta"),
+        "seq": identifier(f"{table}_token_seq"),
+    }
+    with admin(url) as conn:
+        for statement in (
+            "CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea NOT NULL, "
+            "token bigint NOT NULL, expires_at timestamptz NOT NULL)",
+            "CREATE SEQUENCE {seq} AS bigint",
+            "CREATE TABLE {meta} (name text PRIMARY KEY, value bigint NOT NULL)",
+            "INSERT INTO {meta} VALUES ('schema_version', 2)",
+            "INSERT INTO {table} VALUES "
+            "('old', 'before', 7, clock_timestamp() + interval '1 hour')",
+        ):
+            used = {k: v for k, v in names.items() if f"{{{k}}}" in statement}
+            conn.execute(sql.SQL(statement).format(**used))
+
+
+async def test_a_version_2_table_gains_the_metadata_column_on_first_use(
+    postgres_url: str, postgres_table: str
+) -> None:
+    create_version_2_table(postgres_url, postgres_table)
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as provider:
+        # The lease taken before the upgrade is still there, without metadata.
+        old = await provider.get_lease_record("old")
+        assert old is not None
+        assert (old.owner, old.token, old.metadata) == ("before", 7, None)
+        denied = await provider.acquire_lease("old", "b", LONG_MS, metadata=b"b:1")
+        assert denied == leasekit.LeaseResult(False, "before", None, None)
+        granted = await provider.acquire_lease("k", "a", LONG_MS, metadata=b"a:1")
+        assert (granted.acquired, granted.metadata) == (True, b"a:1")
+        assert await provider.acquire_lease("k", "b", LONG_MS) == leasekit.LeaseResult(
+            False, "a", None, b"a:1"
+        )
+    with admin(postgres_url) as conn:
+        version = conn.execute(
+            sql.SQL("SELECT value FROM {}").format(identifier(f"{postgres_table}_meta"))
+        ).fetchone()
+    assert version == (SCHEMA_VERSION,)
+
+
+async def test_without_create_schema_a_version_2_table_names_migrate_then_migrate_fixes_it(
+    postgres_url: str, postgres_table: str
+) -> None:
+    create_version_2_table(postgres_url, postgres_table)
+    provider = PostgresLeaseProvider.from_url(
+        postgres_url, table=postgres_table, create_schema=False
+    )
+    with pytest.raises(leasekit.LeaseBackendError, match="leasekit migrate"):
+        await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")
+    assert await provider.migrate() == SCHEMA_VERSION
+    assert (await provider.acquire_lease("k", "a", LONG_MS, metadata=b"m")).metadata == b"m"
+    record = await provider.get_lease_record("k")
+    assert record is not None
+    assert record.metadata == b"m"
     await provider.aclose()
 
 
@@ -636,7 +700,13 @@ async def test_a_denied_acquire_names_the_holder_that_committed_while_it_waited(
     try:
         # Another client transfers the lease from x to y in a transaction it keeps open.
         await other.execute("BEGIN")
-        params = {"key": b"held", "from_owner": b"x", "to_owner": b"y", "ttl_ms": LONG_MS}
+        params = {
+            "key": b"held",
+            "from_owner": b"x",
+            "to_owner": b"y",
+            "ttl_ms": LONG_MS,
+            "metadata": b"y:1",
+        }
         assert (await other.execute(provider._sql.transfer, params)).rowcount == 1
         trace.messages()
         await trace.restart(pool)
@@ -644,20 +714,21 @@ async def test_a_denied_acquire_names_the_holder_that_committed_while_it_waited(
             provider.acquire_lease("held", "z", LONG_MS), postgres_url, app_name
         )
         await other.execute("COMMIT")
-        assert await task == leasekit.LeaseResult(False, "y", None)  # not the stale x
+        # Not the stale x, and y's metadata, in the same round trip.
+        assert await task == leasekit.LeaseResult(False, "y", None, b"y:1")
         assert ProtocolTrace.round_trips(trace.messages()) == 1
 
         # A brand-new key whose first row another client inserts while we wait: that
         # row is newer than our snapshot, so the holder is read once more.
         await trace.restart(pool)
         await other.execute("BEGIN")
-        params = {"key": b"new", "owner": b"f", "ttl_ms": LONG_MS}
+        params = {"key": b"new", "owner": b"f", "ttl_ms": LONG_MS, "metadata": b"f:1"}
         await other.execute(provider._sql.acquire, params)
         task = await start_blocked(
             provider.acquire_lease("new", "z", LONG_MS), postgres_url, app_name
         )
         await other.execute("COMMIT")
-        assert await task == leasekit.LeaseResult(False, "f", None)
+        assert await task == leasekit.LeaseResult(False, "f", None, b"f:1")
         assert ProtocolTrace.round_trips(trace.messages()) == 2
     finally:
         await other.close()
@@ -1554,8 +1625,9 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
         await provider.release_lease("k", "alice")
         assert (await asyncio.wait_for(waiter, 30)).owner == "bob"
         assert provider._listener._conn is None  # never listened
-        # Its release sends no NOTIFY: a listener's first notification is the release
-        # that a provider with notifications made after it (delivered in commit order).
+        # Its release sends no NOTIFY: a listener's first notifications are the grant
+        # and the release that a provider with notifications made after it (delivered
+        # in commit order).
         async with leasekit.connect(postgres_url, table=postgres_table) as notifying:
             channel = notifying._channel
             assert channel is not None
@@ -1566,8 +1638,73 @@ async def test_notifications_off_for_pgbouncer_still_waits_and_sends_no_notify(
                 await provider.release_lease("k", "bob")
                 await notifying.acquire_lease("m", "carol", LONG_MS)
                 await notifying.release_lease("m", "carol")
-                first = [n.payload async for n in listening.notifies(timeout=30, stop_after=1)]
-                assert [bytes.fromhex(payload).decode() for payload in first] == ["m"]
+                first = [n.payload async for n in listening.notifies(timeout=30, stop_after=2)]
+                assert [decode_payload(payload) for payload in first] == [
+                    ("m", True),
+                    ("m", False),
+                ]
+
+
+async def test_the_acquire_statement_hints_a_grant_only_when_the_key_changes_hands(
+    postgres_url: str, postgres_table: str
+) -> None:
+    """Grant hints ride on the acquire statement: a fresh grant and a takeover send one;
+    the holder's re-acquire, a renewal, a transfer to oneself and a denial send none.
+
+    Notifications arrive in commit order, so the sequence heard is exact: a hint sent
+    where none belongs would show up in it before the next one expected."""
+    async with leasekit.connect(postgres_url, table=postgres_table) as leases:
+        channel = leases._channel
+        assert channel is not None
+        assert leases.capabilities.grant_notifications
+        async with await psycopg.AsyncConnection.connect(
+            postgres_url, autocommit=True
+        ) as listening:
+            await listening.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            assert (await leases.acquire_lease("k", "alice", LONG_MS)).acquired  # grant
+            assert (await leases.acquire_lease("k", "alice", LONG_MS, metadata="m")).acquired
+            assert await leases.renew_lease("k", "alice", LONG_MS)
+            assert await leases.transfer_lease("k", "alice", "alice", LONG_MS)
+            assert not (await leases.acquire_lease("k", "carol", LONG_MS)).acquired
+            assert await leases.transfer_lease("k", "alice", "bob", LONG_MS)  # release hint
+            await leases.release_lease("k", "bob")  # release hint
+            assert (await leases.acquire_lease("k", "dave", 1)).acquired  # grant
+            for _ in range(2000):  # denied until dave's millisecond is over: no hints
+                if (await leases.acquire_lease("k", "erin", LONG_MS)).acquired:  # takeover
+                    break
+                await asyncio.sleep(0.005)
+            await leases.release_lease("k", "erin")  # release hint
+            with leasekit.sync.connect(postgres_url, table=postgres_table) as blocking:
+                assert blocking.acquire_lease("s", "frank", LONG_MS).acquired  # grant
+                assert blocking.acquire_lease("s", "frank", LONG_MS).acquired
+                blocking.release_lease("s", "frank")  # release hint
+            heard = [n.payload async for n in listening.notifies(timeout=30, stop_after=8)]
+    assert [decode_payload(payload) for payload in heard] == [
+        ("k", True),
+        ("k", False),
+        ("k", False),
+        ("k", True),
+        ("k", True),
+        ("k", False),
+        ("s", True),
+        ("s", False),
+    ]
+
+
+async def test_a_watcher_of_grants_sees_a_blocking_providers_grant(
+    postgres_url: str, postgres_table: str
+) -> None:
+    async with leasekit.connect(postgres_url, table=postgres_table) as leases:
+        watch = await leases.watch_release("k", grants=True)
+        release_only = await leases.watch_release("k")
+        try:
+            with leasekit.sync.connect(postgres_url, table=postgres_table) as blocking:
+                assert blocking.acquire_lease("k", "alice", LONG_MS, metadata=b"a").acquired
+            assert await watch.wait(30.0)
+            assert not await release_only.wait(0)  # sent with the grant hint, if at all
+        finally:
+            watch.close()
+            release_only.close()
 
 
 def test_a_blocking_release_abandoned_at_the_timeout_never_ends_a_lease_granted_after_it(

@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
 from leasekit_postgres import PostgresLeaseProvider, PostgresSyncLeaseProvider
 from leasekit_postgres._commit import CommitWatch
 from leasekit_postgres._options import pool_settings
+from leasekit_postgres._sql import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -195,7 +196,8 @@ def promote_a_lagging_standby(url: str, table: str, last_value: int, rows: list[
         conn.execute(sql.SQL("DELETE FROM {}").format(identifier(table)))
         for row in rows:
             conn.execute(
-                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(identifier(table)), row
+                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(identifier(table)),
+                row,
             )
 
 
@@ -270,7 +272,7 @@ async def test_a_version_1_table_is_migrated_and_its_tokens_go_on_increasing(
         new = await provider.acquire_lease("k", "b", LONG_MS)
     with admin(postgres_url) as conn:
         version = conn.execute(sql.SQL("SELECT value FROM {}").format(meta)).fetchone()
-    assert version == (2,)
+    assert version == (SCHEMA_VERSION,)
     assert old.token is not None
     assert new.token is not None
     assert new.token > 41

@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover
     missing_extra("postgres", "tests/test_postgres_notify.py")
 
 from leasekit_postgres._notify import PostgresReleaseListener, channel_for, decode_payload
+from leasekit_postgres._sql import GRANT_PREFIX
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 20.0
@@ -44,8 +45,10 @@ async def _notify(conn: psycopg.AsyncConnection[object], key: str) -> None:
 
 def test_payloads_round_trip_any_key() -> None:
     for key in ["k", "a\0b", "é€𝄞", "x" * 1024]:
-        assert decode_payload(key.encode().hex()) == key
+        assert decode_payload(key.encode().hex()) == (key, False)
+        assert decode_payload(GRANT_PREFIX + key.encode().hex()) == (key, True)
     assert decode_payload("not hex") is None
+    assert decode_payload(GRANT_PREFIX + "zz") is None
     assert decode_payload("ff") is None  # not UTF-8
 
 

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("mysql", "the MySQL tests")
 
 from leasekit_mysql import MySQLLeaseProvider, MySQLSyncLeaseProvider
+from leasekit_mysql._sql import SCHEMA_VERSION
 
 LONG_TTL_MS = 60_000
 THREADS = 16
@@ -207,11 +208,11 @@ def test_migrate_inspect_and_closing(url: str, mysql_table: str) -> None:
     provider = MySQLLeaseProvider.sync_from_url(url, create_schema=False)
     assert isinstance(provider, MySQLSyncLeaseProvider)
     try:
-        assert provider.migrate() == 1
-        assert provider.acquire_lease("p/1", "a", LONG_TTL_MS).acquired
+        assert provider.migrate() == SCHEMA_VERSION
+        assert provider.acquire_lease("p/1", "a", LONG_TTL_MS, metadata=b"a:1").acquired
         assert provider.acquire_lease("q/1", "a", LONG_TTL_MS).acquired
         [record] = provider.inspect("p/")
-        assert (record.key, record.owner) == ("p/1", "a")
+        assert (record.key, record.owner, record.metadata) == ("p/1", "a", b"a:1")
     finally:
         provider.close()
     provider.close()  # idempotent

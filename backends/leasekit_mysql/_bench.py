@@ -98,7 +98,7 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
         pool.close()
         await pool.wait_closed()
         raise
-    return _RawCycler(pool, statements.acquire, statements.release, target.ttl_ms)
+    return _RawCycler(pool, statements.acquire_bare, statements.release, target.ttl_ms)
 
 
 # -- tooz -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from leasekit import (
     LeaseBackendError,
     LeaseResult,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "migrate",
     "owner",
     "ready",
+    "record",
     "release",
     "release_grant",
     "renew",
@@ -60,6 +62,7 @@ Statements: TypeAlias = Callable[[], _sql.Statements]
 """Where an operation finds its table's statements when it runs (the schema is ready)."""
 
 _DENIED_RETRIES = 3
+_DUPLICATE_COLUMN = 1060  # another process added the metadata column first
 _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a fresh one
 
 _log = logging.getLogger("leasekit.mysql")
@@ -157,6 +160,20 @@ def _read_schema(schema: Schema) -> Op[_sql.Statements]:
     version, tokens = meta.get("schema_version", 0), meta.get("tokens", 0)
     if version > _sql.SCHEMA_VERSION:
         raise schema.error(f"has schema version {version}; upgrade leasekit")
+    if version < _sql.SCHEMA_VERSION:
+        # An older table (version 1 has no metadata column): brought up to date here
+        # when allowed, as a missing one is created.
+        if not schema.create_schema:
+            fix = "run `leasekit migrate URL` as a user that may alter it"
+            raise schema.error(
+                f"has schema version {version}, older than this leasekit's "
+                f"({_sql.SCHEMA_VERSION}), and create_schema is off; {fix}"
+            )
+        recorded = tokens if tokens in _sql.TOKEN_SOURCES.values() else None
+        yield from _create(schema, recorded)
+        rows = yield Statement(ddl.meta, None, "rows")
+        meta = {str(name): int(value) for name, value in rows}
+        version, tokens = meta.get("schema_version", 0), meta.get("tokens", 0)
     wanted = schema.token_source
     if tokens not in _sql.TOKEN_SOURCES.values() or wanted not in (None, tokens):
         raise schema.error(f"keeps the token source it was created with ({tokens})")
@@ -164,10 +181,11 @@ def _read_schema(schema: Schema) -> Op[_sql.Statements]:
     return schema.sql
 
 
-def _create(schema: Schema) -> Op[None]:
+def _create(schema: Schema, recorded: int | None = None) -> Op[None]:
+    """Create what is missing; ``recorded``: the token source an existing table keeps."""
     ddl = schema.ddl
     present = {str(name) for (name,) in (yield Statement(ddl.existing, ddl.names, "rows"))}
-    tokens = schema.token_source
+    tokens = recorded or schema.token_source
     if tokens is None:
         row = yield Statement("SELECT VERSION()", None, "row")
         mariadb = row is not None and "mariadb" in str(row[0]).lower()
@@ -176,6 +194,13 @@ def _create(schema: Schema) -> Op[None]:
     # the driver would fetch with SHOW WARNINGS (a round trip) and log.
     if ddl.names["table"] not in present:
         yield Statement(ddl.create_table)
+    elif (yield Statement(ddl.has_metadata, ddl.names, "row")) is None:
+        # A table of schema version 1: add the column before the version is recorded.
+        try:
+            yield Statement(ddl.add_metadata)
+        except Exception as exc:
+            if error_code(exc) != _DUPLICATE_COLUMN:
+                raise
     if tokens == _sql.TOKENS_SEQUENCE and ddl.names["seq"] not in present:
         yield Statement(ddl.create_sequence)
     if ddl.names["meta"] not in present:
@@ -197,28 +222,38 @@ def migrate(schema: Schema) -> Op[int]:
 # -- the contract -------------------------------------------------------------------------
 
 
-def acquire(sql: Statements, key: str, owner: str, ttl_ms: int) -> Op[LeaseResult]:
-    """Acquire ``key``: one statement, and when denied one read of the holder."""
+def acquire(
+    sql: Statements, key: str, owner: str, ttl_ms: int, metadata: bytes | str | None = None
+) -> Op[LeaseResult]:
+    """Acquire ``key``: one statement, and when denied one read of the holder and its
+    metadata. ``metadata`` is stored with the grant (the holder's re-acquire sets it)."""
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
     params = {"key": key.encode(), "owner": owner.encode(), "ttl_us": ttl_ms * 1000}
-    return _acquire(sql, owner, params)
+    if metadata is None:
+        return _acquire(sql, owner, params, None)
+    data = params["metadata"] = validate_metadata(metadata)
+    return _acquire(sql, owner, params, data)
 
 
-def _acquire(sql: Statements, owner: str, params: dict[str, Any]) -> Op[LeaseResult]:
+def _acquire(
+    sql: Statements, owner: str, params: dict[str, Any], metadata: bytes | None
+) -> Op[LeaseResult]:
     attempt = 0
     while True:
         attempt += 1
         try:
             s = sql()
+            statement = s.acquire_bare if metadata is None else s.acquire
             for _ in range(_DENIED_RETRIES):
-                token = yield (s.acquire, params, "lastrowid")
+                token = yield (statement, params, "lastrowid")
                 if token:
-                    return LeaseResult(True, owner, int(token))
-                row = yield (s.owner, params, "row")
+                    return LeaseResult(True, owner, int(token), metadata)
+                row = yield (s.holder, params, "row")
                 if row is not None and bytes(row[0]) != params["owner"]:
-                    return LeaseResult(False, bytes(row[0]).decode(), None)
+                    held = None if row[1] is None else bytes(row[1])
+                    return LeaseResult(False, bytes(row[0]).decode(), None, held)
                 # Released, expired or handed to us since it denied us: acquire again.
             return LeaseResult(False, None, None)
         except Exception as exc:  # noqa: BLE001 (re-raised unless retried)
@@ -254,6 +289,20 @@ def _holder(row: Any) -> str | None:
     return None if row is None else bytes(row[0]).decode()
 
 
+def record(sql: Statements, key: str) -> Op[LeaseRecord | None]:
+    """The live lease of ``key`` (owner, token, metadata, time left), or None."""
+    validate_key(key)
+
+    def read(row: Any) -> LeaseRecord | None:
+        if row is None:
+            return None
+        owner, token, metadata, remaining_ms = row
+        held = None if metadata is None else bytes(metadata)
+        return LeaseRecord(key, bytes(owner).decode(), int(token), max(1, int(remaining_ms)), held)
+
+    return _one(sql, "record", {"key": key.encode()}, "row", read)
+
+
 def _changed(count: int) -> bool:
     return count == 1
 
@@ -283,17 +332,30 @@ def renew(sql: Statements, key: str, owner: str, ttl_ms: int) -> Op[bool]:
     return _one(sql, "renew", params, "rowcount", _changed)
 
 
-def transfer(sql: Statements, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> Op[bool]:
+def transfer(  # noqa: PLR0917 (the contract's five arguments, and the metadata)
+    sql: Statements,
+    key: str,
+    from_owner: str,
+    to_owner: str,
+    ttl_ms: int,
+    metadata: bytes | str | None = None,
+) -> Op[bool]:
     """Hand ``from_owner``'s live lease on ``key`` to ``to_owner``; True if it did.
 
-    Not retried after a lost connection: one that ran before the connection died
-    would answer False the second time.
+    ``metadata`` replaces the holder's (None clears it). Not retried after a lost
+    connection: one that ran before the connection died would answer False the second
+    time.
     """
     validate_key(key)
     validate_owner(from_owner, "from_owner")
     validate_owner(to_owner, "to_owner")
     validate_ttl_ms(ttl_ms)
-    params = {"key": key.encode(), "from_owner": from_owner.encode(), "ttl_us": ttl_ms * 1000}
+    params: dict[str, Any] = {
+        "key": key.encode(),
+        "from_owner": from_owner.encode(),
+        "ttl_us": ttl_ms * 1000,
+        "metadata": None if metadata is None else validate_metadata(metadata),
+    }
     params["to_owner"] = to_owner.encode()
     return _one(sql, "transfer", params, "rowcount", _changed, idempotent=False)
 
@@ -318,8 +380,14 @@ def inspect(sql: Statements, prefix: str | None, limit: int) -> Op[list[LeaseRec
             s.inspect_all if prefix is None else s.inspect_prefix, params, "rows"
         )
         return [
-            LeaseRecord(bytes(k).decode(), bytes(o).decode(), int(t), max(1, int(r)))
-            for k, o, t, r in rows
+            LeaseRecord(
+                bytes(k).decode(),
+                bytes(o).decode(),
+                int(t),
+                max(1, int(r)),
+                None if m is None else bytes(m),
+            )
+            for k, o, t, r, m in rows
         ]
 
     return _retrying(body)

@@ -51,6 +51,7 @@ CAPABILITIES = Capabilities(
     shared_across_processes=True,
     shared_across_hosts=True,
     persistent=True,
+    metadata=True,  # grant_notifications: no channel to send them on; watchers poll
 )
 
 # Error numbers, the same from both drivers (exc.args[0]): below 2000 the server's,

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias, TypeVar
 from asyncmy.pool import Pool
 
 from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseProviderClosed, LeaseResult
-from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider
+from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider, metadata_for
 
 from . import _aio, _ops, _options, _sql
 from ._aio import AioTransport, pool_options
@@ -157,8 +157,18 @@ class MySQLLeaseProvider(BackendProvider):
 
     # -- the contract, and beyond -------------------------------------------------------
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return await self._write(_ops.acquire(self._statements, key, owner, ttl_ms), key, owner)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        """Acquire ``key``; ``metadata`` is stored with the grant (``Capabilities.metadata``)."""
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, data)
+        return await self._write(op, key, owner)
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Owner, token, metadata and time left (by the server's clock) of the live lease
+        of ``key`` in one statement, or None when it is free (``SupportsRecords``)."""
+        return await self._run(_ops.record(self._statements, key), key)
 
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._run(_ops.owner(self._statements, key), key)
@@ -180,8 +190,18 @@ class MySQLLeaseProvider(BackendProvider):
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._write(_ops.renew(self._statements, key, owner, ttl_ms), key)
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms)
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        """Hand the lease on; ``metadata`` replaces the holder's (None clears it)."""
+        data = metadata_for(self, metadata)
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, data)
         return await self._write(op, key, to_owner if to_owner != from_owner else None)
 
     async def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
@@ -301,8 +321,17 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
     def _close_client(self) -> None:
         self._transport.close()
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        return self._run(_ops.acquire(self._statements, key, owner, ttl_ms), key, write=True)
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        """Blocking :meth:`MySQLLeaseProvider.acquire_lease`."""
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        op = _ops.acquire(self._statements, key, owner, ttl_ms, data)
+        return self._run(op, key, write=True)
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Blocking :meth:`MySQLLeaseProvider.get_lease_record`."""
+        return self._run(_ops.record(self._statements, key), key)
 
     def get_lease_owner(self, key: str) -> str | None:
         return self._run(_ops.owner(self._statements, key), key)
@@ -321,8 +350,18 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
     def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return self._run(_ops.renew(self._statements, key, owner, ttl_ms), key, write=True)
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms)
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        """Blocking :meth:`MySQLLeaseProvider.transfer_lease`."""
+        data = metadata_for(self, metadata)
+        op = _ops.transfer(self._statements, key, from_owner, to_owner, ttl_ms, data)
         return self._run(op, key, write=True)
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:

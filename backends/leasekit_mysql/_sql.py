@@ -3,7 +3,8 @@
 The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            lease_key VARBINARY(1024) PRIMARY KEY, owner VARBINARY(1024),
-                               token BIGINT, expires_at DATETIME(6) in UTC
+                               token BIGINT, expires_at DATETIME(6) in UTC,
+                               metadata VARBINARY(4096) NULL (the holder's, with its grant)
                                (index leasekit_leases_expires_at)
     leasekit_leases_token_seq  MariaDB only: the SEQUENCE fencing tokens are drawn from
     leasekit_leases_meta       name PRIMARY KEY, value BIGINT: 'schema_version', 'tokens'
@@ -34,8 +35,8 @@ decides once, in its first assignment (``token``), and records the decision with
 assignments read ``LAST_INSERT_ID()`` instead of looking at the clock again (two reads
 of ``SYSDATE`` straddling the expiry would otherwise disagree), and the value reaches
 the client in the OK packet (the driver's ``lastrowid``), so no second statement is
-needed to learn the token. A denied acquire reads the holder with :attr:`owner`: two
-round trips, only when denied (MySQL has no ``RETURNING``).
+needed to learn the token. A denied acquire reads the holder and its metadata with
+:attr:`holder`: two round trips, only when denied (MySQL has no ``RETURNING``).
 
 **Fencing tokens** are strictly increasing per key; two sources, recorded in the meta
 table when the table is created and never switched:
@@ -60,8 +61,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
-"""The layout this code reads and writes, recorded in the meta table."""
+SCHEMA_VERSION = 2
+"""The layout this code reads and writes, recorded in the meta table.
+
+2: a nullable ``metadata VARBINARY(4096)`` column, added to a version 1 table by
+``ALTER TABLE ... ADD COLUMN`` when the provider first reads the schema (MySQL has no
+``ADD COLUMN IF NOT EXISTS``: :attr:`Statements.has_metadata` asks first). A leasekit
+of version 1 would leave a holder's metadata in place when another owner takes the key
+over, and losers would route to the previous owner: it refuses a version 2 table.
+"""
 
 DEFAULT_TABLE = "leasekit_leases"
 
@@ -132,10 +140,20 @@ class Statements:
                 owner VARBINARY(1024) NOT NULL,
                 token BIGINT NOT NULL,
                 expires_at DATETIME(6) NOT NULL,
+                metadata VARBINARY(4096) NULL,
                 PRIMARY KEY (lease_key),
                 KEY `{table.name}_expires_at` (expires_at)
             ) ENGINE=InnoDB
             """
+        # %(database)s, %(table)s -> a row if the table has its metadata column (a table
+        # of schema version 1 has not), then the column added (an instant change on
+        # InnoDB: a nullable column at the end, no default).
+        self.has_metadata = (
+            "SELECT 1 FROM information_schema.columns"
+            " WHERE table_schema = COALESCE(%(database)s, DATABASE())"
+            " AND table_name = %(table)s AND column_name = 'metadata'"
+        )
+        self.add_metadata = f"ALTER TABLE {t} ADD COLUMN metadata VARBINARY(4096) NULL"
         self.create_sequence = f"CREATE SEQUENCE IF NOT EXISTS {seq} ENGINE=InnoDB"
         self.create_meta = f"""
             CREATE TABLE IF NOT EXISTS {meta} (
@@ -156,26 +174,49 @@ class Statements:
 
         # -- the contract ------------------------------------------------------------------
 
-        # %(key)s, %(owner)s, %(ttl_us)s -> lastrowid: the token if granted, else 0.
+        # %(key)s, %(owner)s, %(ttl_us)s, %(metadata)s -> lastrowid: the token if
+        # granted, else 0.
         #
         # A new key is inserted with a token from VALUES. On an existing row (locked by
         # now), `token` decides: expired -> a fresh token; the caller's own live lease ->
-        # kept; someone else's live lease -> unchanged and LAST_INSERT_ID(0). `owner` and
-        # `expires_at` then follow that one decision (see the module docstring).
-        self.acquire = f"""
-            INSERT INTO {t} (lease_key, owner, token, expires_at)
-            VALUES (%(key)s, %(owner)s, LAST_INSERT_ID({fresh_row}), {_EXPIRES_IN})
+        # kept; someone else's live lease -> unchanged and LAST_INSERT_ID(0). `owner`,
+        # `expires_at` and `metadata` then follow that one decision (see the module
+        # docstring): every grant, the holder's re-acquire included, stores the
+        # caller's metadata.
+        acquire = f"""
+            INSERT INTO {t} (lease_key, owner, token, expires_at, metadata)
+            VALUES (%(key)s, %(owner)s, LAST_INSERT_ID({fresh_row}), {_EXPIRES_IN},
+                    {{metadata}})
             ON DUPLICATE KEY UPDATE
                 token = IF(expires_at <= {NOW_UTC}, LAST_INSERT_ID({fresh}),
                            IF(owner = %(owner)s, LAST_INSERT_ID(token),
                               token + LAST_INSERT_ID(0))),
                 owner = IF(LAST_INSERT_ID() = 0, owner, %(owner)s),
-                expires_at = IF(LAST_INSERT_ID() = 0, expires_at, {_EXPIRES_IN})
+                expires_at = IF(LAST_INSERT_ID() = 0, expires_at, {_EXPIRES_IN}),
+                metadata = IF(LAST_INSERT_ID() = 0, metadata, {{metadata}})
             """
+        self.acquire = acquire.replace("{metadata}", "%(metadata)s")
+        # The same storing no metadata (NULL), as most acquires do: one parameter fewer
+        # for the driver to escape and send on every call.
+        self.acquire_bare = acquire.replace("{metadata}", "NULL")
 
         # %(key)s -> the live holder, or no row. A plain read: autocommit gives every
         # statement a fresh snapshot.
         self.owner = f"SELECT owner FROM {t} WHERE lease_key = %(key)s AND expires_at > {NOW_UTC}"
+
+        # %(key)s -> (owner, metadata) of the live lease, or no row: what a denied
+        # acquire reads next.
+        self.holder = (
+            f"SELECT owner, metadata FROM {t} WHERE lease_key = %(key)s AND expires_at > {NOW_UTC}"
+        )
+
+        # %(key)s -> (owner, token, metadata, remaining_ms) of the live lease, or no row.
+        # Time left by the server's clock as the statement runs, rounded up.
+        self.record = f"""
+            SELECT owner, token, metadata,
+                CEIL(TIMESTAMPDIFF(MICROSECOND, {NOW_UTC}, expires_at) / 1000)
+            FROM {t} WHERE lease_key = %(key)s AND expires_at > {NOW_UTC}
+            """
 
         # %(key)s, %(owner)s, %(ttl_us)s -> rowcount 1 if renewed (the expiry always
         # moves, so the row counts as changed with or without CLIENT_FOUND_ROWS).
@@ -185,9 +226,9 @@ class Statements:
             """
 
         # %(key)s, %(owner)s. The holder's row expires at once and stays as a tombstone
-        # that keeps its token; anyone else's call matches nothing.
+        # that keeps its token (not its metadata); anyone else's call matches nothing.
         self.release = f"""
-            UPDATE {t} SET expires_at = {NOW_UTC}
+            UPDATE {t} SET expires_at = {NOW_UTC}, metadata = NULL
             WHERE lease_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW_UTC}
             """
 
@@ -196,19 +237,21 @@ class Statements:
         # leasekit.backend.SupportsReleaseGrant); another grant of the key, even to the
         # same owner, keeps a different token and is left alone.
         self.release_grant = f"""
-            UPDATE {t} SET expires_at = {NOW_UTC}
+            UPDATE {t} SET expires_at = {NOW_UTC}, metadata = NULL
             WHERE lease_key = %(key)s AND owner = %(owner)s AND token = %(token)s
                 AND expires_at > {NOW_UTC}
             """
 
-        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_us)s -> rowcount 1 if moved. One
-        # UPDATE rewrites token, owner and expiry together (left to right: `token` sees
-        # the old owner), so the key is never free in between. To oneself: a renew.
+        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_us)s, %(metadata)s -> rowcount 1
+        # if moved. One UPDATE rewrites token, owner, expiry and metadata together (left
+        # to right: `token` sees the old owner), so the key is never free in between. To
+        # oneself: a renew that replaces the metadata.
         self.transfer = f"""
             UPDATE {t} SET
                 token = IF(owner = %(to_owner)s, token, {fresh}),
                 owner = %(to_owner)s,
-                expires_at = {_EXPIRES_IN}
+                expires_at = {_EXPIRES_IN},
+                metadata = %(metadata)s
             WHERE lease_key = %(key)s AND owner = %(from_owner)s AND expires_at > {NOW_UTC}
             """
 
@@ -225,12 +268,13 @@ class Statements:
             ORDER BY expires_at LIMIT %(batch)s
             """
 
-        # %(limit)s [, %(low)s, %(high)s] -> (key, owner, token, remaining_ms) of live
-        # leases in key order. A key prefix is the byte range [low, high) of the
+        # %(limit)s [, %(low)s, %(high)s] -> (key, owner, token, remaining_ms, metadata)
+        # of live leases in key order. A key prefix is the byte range [low, high) of the
         # primary key.
         inspect = f"""
             SELECT lease_key, owner, token,
-                CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000)
+                CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000),
+                metadata
             FROM {t}
             WHERE expires_at > UTC_TIMESTAMP(6) {{range}}
             ORDER BY lease_key

@@ -79,6 +79,7 @@ class _RawCycler:
             "key": key.encode(),
             "owner": owner.encode(),
             "ttl_ms": self._ttl_ms,
+            "metadata": None,
         }
         if self._channel is not None:
             params["channel"] = self._channel
@@ -100,16 +101,17 @@ class _RawCycler:
 async def _open_raw(target: BenchTarget) -> AsyncCycler:
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
-    from ._notify import channel_for  # noqa: PLC0415
-    from ._sql import Statements  # noqa: PLC0415 (the backend's own statements)
+    from ._sql import Statements, channel_for  # noqa: PLC0415 (the backend's own statements)
 
     settings = _settings(target)
     table = _floor_table(target, settings)
     statements = Statements(table)
-    # Release as leasekit does: with notifications on (the default), its release
-    # statement also calls pg_notify, which costs the server a queue write per release.
+    # Acquire and release as leasekit does: with notifications on (the default), its
+    # release statement also calls pg_notify, and so does its acquire when the key
+    # changes hands (a grant hint), each a queue write for the server.
     notify = bool(settings.provider["notifications"])
     channel = channel_for(str(table)) if notify else None
+    acquire = statements.acquire_notify if notify else statements.acquire
     release = statements.release_notify if notify else statements.release
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         settings.conninfo,
@@ -126,7 +128,7 @@ async def _open_raw(target: BenchTarget) -> AsyncCycler:
     except BaseException:
         await pool.close()
         raise
-    return _RawCycler(pool, statements.acquire, release, target.ttl_ms, channel)
+    return _RawCycler(pool, acquire, release, target.ttl_ms, channel)
 
 
 # -- tooz -----------------------------------------------------------------------------------
@@ -186,7 +188,7 @@ BENCH = SchemeBench(
             requires=("psycopg", "psycopg_pool"),
             install="pip install 'leasekit[postgres]'",
             how="psycopg AsyncConnectionPool, autocommit: leasekit's own acquire and "
-            "release statements (the release with pg_notify, unless notifications=false), "
+            "release statements (with pg_notify, unless notifications=false), "
             "executed by hand",
         ),
         Contender(

@@ -1,9 +1,13 @@
-"""Release notifications over PostgreSQL ``LISTEN``/``NOTIFY``: one connection per provider.
+"""Release and grant notifications over PostgreSQL ``LISTEN``/``NOTIFY``: one connection
+per provider.
 
 The statements that release or transfer a lease call ``pg_notify`` in the same
 statement (no extra round trip), on one channel per lease table, with the key as
-payload (hex: a payload is text and may not hold NUL). A notification is delivered
-when the releasing statement commits, in commit order, to every session listening.
+payload (hex: a payload is text and may not hold NUL). The acquire statement does too
+when the key changed hands (a grant hint: ``GRANT_PREFIX`` and the key in hex), which
+wakes only the watchers that asked for grants (``watch_owner``, ``leaders``). A
+notification is delivered when its statement commits, in commit order, to every
+session listening.
 
 :class:`PostgresReleaseListener` holds the one listening connection of a provider,
 outside its pool (a pooled connection cannot keep a ``LISTEN``), opened on the first
@@ -26,22 +30,26 @@ from typing import Any
 
 from leasekit.backend import ReleaseHub, ReleaseWatch, stop_task
 
+from ._sql import GRANT_PREFIX, channel_for
+
 __all__ = ["PostgresReleaseListener", "channel_for", "decode_payload"]
 
 _log = logging.getLogger("leasekit.postgres")
 
 
-def channel_for(table: str) -> str:
-    """The ``NOTIFY`` channel of a lease table (an identifier, at most 63 bytes)."""
-    return f"{table}_released"[:63]
+def decode_payload(payload: str) -> tuple[str, bool] | None:
+    """The lease key a notification names and whether it is a grant hint, or ``None``
+    if the payload is not one of ours.
 
-
-def decode_payload(payload: str) -> str | None:
-    """The lease key a notification names, or ``None`` if the payload is not one of ours."""
+    A release hint is the key in hex; a grant hint is :data:`GRANT_PREFIX` and then the
+    same (the acquire statement sends it when the key changed hands).
+    """
+    granted = payload.startswith(GRANT_PREFIX)
     try:
-        return bytes.fromhex(payload).decode("utf-8")
+        key = bytes.fromhex(payload[1:] if granted else payload).decode("utf-8")
     except ValueError:  # UnicodeDecodeError is a ValueError
         return None
+    return key, granted
 
 
 class PostgresReleaseListener:
@@ -63,9 +71,10 @@ class PostgresReleaseListener:
         self._starting: asyncio.Lock | None = None
         self._closed = False
 
-    async def watch(self, key: str) -> ReleaseWatch:
-        """Watch ``key``; returns once the connection is listening."""
-        watch = self.hub.watch(key)
+    async def watch(self, key: str, *, grants: bool = False) -> ReleaseWatch:
+        """Watch ``key`` (with ``grants``, for grant hints too); returns once the
+        connection is listening."""
+        watch = self.hub.watch(key, grants=grants)
         try:
             await asyncio.wait_for(self._listen(), self._timeout_s)
         except BaseException:
@@ -94,9 +103,9 @@ class PostgresReleaseListener:
     async def _read(self, conn: Any) -> None:
         try:
             async for notify in conn.notifies():
-                key = decode_payload(notify.payload)
-                if key is not None:
-                    self.hub.notify(key)
+                hint = decode_payload(notify.payload)
+                if hint is not None:
+                    self.hub.notify(hint[0], granted=hint[1])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (the channel is lost: wake everyone, start over)

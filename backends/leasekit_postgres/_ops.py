@@ -32,6 +32,7 @@ from leasekit import (
     LeaseBackendError,
     LeaseResult,
     validate_key,
+    validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "migrate",
     "needs_rollback",
     "owner",
+    "record",
     "release",
     "release_grant",
     "remaining",
@@ -97,32 +99,53 @@ Operation: TypeAlias = toolkit.Operation[Query, _T]
 # -- the contract ---------------------------------------------------------------------------
 
 
-def acquire(sql: _sql.Statements, key: str, owner: str, ttl_ms: int) -> Operation[LeaseResult]:
-    """Acquire ``key`` for ``owner``: one statement, two for a brand-new key raced for."""
+def acquire(  # noqa: PLR0917 (its retry rebuilds it from one tuple of arguments, see attempts)
+    sql: _sql.Statements,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    metadata: bytes | str | None = None,
+    notify: bool = False,
+) -> Operation[LeaseResult]:
+    """Acquire ``key`` for ``owner``: one statement, two for a brand-new key raced for.
+
+    ``metadata`` is stored with the grant; a denied caller gets the holder's. With
+    ``notify``, the same statement sends owner watchers a grant hint on the table's
+    channel when the key changed hands.
+    """
     validate_key(key)
     validate_owner(owner)
     validate_ttl_ms(ttl_ms)
-    return _acquire(sql, key, owner, ttl_ms)
+    params: dict[str, Any] = {
+        "key": key.encode(),
+        "owner": owner.encode(),
+        "ttl_ms": ttl_ms,
+        "metadata": None if metadata is None else validate_metadata(metadata),
+    }
+    statement = sql.acquire_notify if notify else sql.acquire
+    return _acquire(sql, key, owner, statement, params)
 
 
-def _acquire(sql: _sql.Statements, key: str, owner: str, ttl_ms: int) -> Operation[LeaseResult]:
-    params = {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl_ms}
+def _acquire(
+    sql: _sql.Statements, key: str, owner: str, statement: bytes, params: dict[str, Any]
+) -> Operation[LeaseResult]:
     for _ in range(_DENIED_RETRIES):
-        row = yield Query(sql.acquire, params)
+        row = yield Query(statement, params)
         if row is None:
             raise LeaseBackendError("the server returned no row", backend=BACKEND, key=key)
-        token, holder = row
+        token, holder, held_with = row[0], row[1], row[2]
         if token is not None:
-            return LeaseResult(True, owner, int(token))
+            return LeaseResult(True, owner, int(token), params["metadata"])
         if holder is None:
             # The row that denied us is newer than the statement's snapshot (two
             # acquirers raced for a brand-new key), or it expired since: ask again.
-            row = yield Query(sql.owner, params)
-            holder = None if row is None else row[0]
+            row = yield Query(sql.record, params)
+            holder, held_with = (None, None) if row is None else (row[0], row[2])
         if holder is None:
             return LeaseResult(False, None, None)
         if bytes(holder) != params["owner"]:
-            return LeaseResult(False, bytes(holder).decode(), None)
+            held = None if held_with is None else bytes(held_with)
+            return LeaseResult(False, bytes(holder).decode(), None, held)
         # The key was handed to us between the two reads: acquire again, which now
         # finds our own lease.
     return LeaseResult(False, None, None)
@@ -137,6 +160,21 @@ def owner(sql: _sql.Statements, key: str) -> Operation[str | None]:
 def _owner(sql: _sql.Statements, key: str) -> Operation[str | None]:
     row = yield Query(sql.owner, {"key": key.encode()})
     return None if row is None else bytes(row[0]).decode()
+
+
+def record(sql: _sql.Statements, key: str) -> Operation[LeaseRecord | None]:
+    """The live lease of ``key`` (owner, token, metadata, time left), or ``None``."""
+    validate_key(key)
+    return _record(sql, key)
+
+
+def _record(sql: _sql.Statements, key: str) -> Operation[LeaseRecord | None]:
+    row = yield Query(sql.record, {"key": key.encode()})
+    if row is None:
+        return None
+    owner, token, metadata, remaining_ms = row
+    held = None if metadata is None else bytes(metadata)
+    return LeaseRecord(key, bytes(owner).decode(), int(token), max(1, int(remaining_ms)), held)
 
 
 def release(
@@ -188,11 +226,15 @@ def transfer(
     to_owner: str,
     ttl_ms: int,
     *,
+    metadata: bytes | str | None = None,
     channel: str | None = None,
 ) -> Operation[bool]:
     """Hand ``from_owner``'s live lease on ``key`` to ``to_owner``; whether it moved.
 
-    Not idempotent: run a second time after it landed, it answers False.
+    ``metadata`` replaces the holder's (``None`` clears it). With a ``channel``, the
+    same statement notifies the key's waiters and watchers, unless the key stays with
+    its owner (a transfer to oneself is a renewal). Not idempotent: run a second time
+    after it landed, it answers False.
     """
     validate_key(key)
     validate_owner(from_owner, "from_owner")
@@ -203,8 +245,9 @@ def transfer(
         "from_owner": from_owner.encode(),
         "to_owner": to_owner.encode(),
         "ttl_ms": ttl_ms,
+        "metadata": None if metadata is None else validate_metadata(metadata),
     }
-    if channel is None:
+    if channel is None or to_owner == from_owner:
         return _changed_one(Query(sql.transfer, params, "rowcount"))
     return _changed_one(Query(sql.transfer_notify, {**params, "channel": channel}, "rowcount"))
 
@@ -266,8 +309,14 @@ def inspect(
 def _records(query: Query) -> Operation[list[LeaseRecord]]:
     rows = yield query
     return [
-        LeaseRecord(bytes(k).decode(), bytes(o).decode(), int(t), max(1, int(r)))
-        for k, o, t, r in rows
+        LeaseRecord(
+            bytes(k).decode(),
+            bytes(o).decode(),
+            int(t),
+            max(1, int(r)),
+            None if m is None else bytes(m),
+        )
+        for k, o, t, r, m in rows
     ]
 
 
@@ -311,6 +360,7 @@ def create_schema(sql: _sql.Statements) -> Operation[None]:
             psycopg.errors.UniqueViolation,
             psycopg.errors.DuplicateTable,
             psycopg.errors.DuplicateObject,
+            psycopg.errors.DuplicateColumn,
         ):
             # Another process created the same objects at the same moment; its
             # transaction has committed now, so IF NOT EXISTS sees them next time.

@@ -83,8 +83,11 @@ CAPABILITIES = Capabilities(
     shared_across_hosts=True,
     persistent=True,
     release_notifications=True,
+    grant_notifications=True,
+    metadata=True,
 )
-"""What both providers declare (``release_notifications`` off with ``notifications=false``)."""
+"""What both providers declare (``release_notifications`` and ``grant_notifications``
+off with ``notifications=false``)."""
 
 ERRORS = ErrorMap(
     {
@@ -279,7 +282,9 @@ def provider_settings(options: Mapping[str, object]) -> Settings:
         statements=_sql.Statements(table),
         channel=channel_for(str(table)) if notifications else None,
         capabilities=(
-            CAPABILITIES if notifications else replace(CAPABILITIES, release_notifications=False)
+            CAPABILITIES
+            if notifications
+            else replace(CAPABILITIES, release_notifications=False, grant_notifications=False)
         ),
     )
 

@@ -31,6 +31,7 @@ from leasekit.backend import (
     ReleaseWatch,
     RenewItem,
     SyncBackendProvider,
+    metadata_for,
 )
 
 from . import _ops, _sql
@@ -70,6 +71,7 @@ class _PostgresProvider(SettingsAttributes):
         self._settings = settings
         self._sql = settings.statements
         self._channel = settings.channel
+        self._hint_grants = settings.channel is not None
         if not settings.notifications:
             self.capabilities = settings.capabilities
         self._sweeps = _ops.SweepSchedule(settings.sweep_every, settings.sweep_batch)
@@ -232,11 +234,24 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     # -- the contract -------------------------------------------------------------------
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        args = (self._sql, key, owner, ttl_ms)
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
+        """Acquire ``key``; ``metadata`` is stored with the grant (``Capabilities.metadata``).
+
+        One statement, which also tells owner watchers when the key changed hands.
+        """
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return await self._send(
             _ops.acquire(*args), key, _ops.acquire, args, grant=owner, write=True
         )
+
+    async def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Owner, token, metadata and time left (by the server's clock) of the live lease
+        of ``key`` in one statement, or ``None`` when it is free (``SupportsRecords``)."""
+        args = (self._sql, key)
+        return await self._send(_ops.record(*args), key, _ops.record, args)
 
     async def get_lease_owner(self, key: str) -> str | None:
         return await self._send(_ops.owner(self._sql, key), key, _ops.owner, (self._sql, key))
@@ -278,9 +293,24 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         args = (self._sql, items)
         return await self._send(operation, items[0][0], _ops.renew_many, args, write=True)
 
-    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    async def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
+        """Hand the lease on; ``metadata`` replaces the holder's (``None`` clears it)."""
         operation = _ops.transfer(
-            self._sql, key, from_owner, to_owner, ttl_ms, channel=self._channel
+            self._sql,
+            key,
+            from_owner,
+            to_owner,
+            ttl_ms,
+            metadata=metadata_for(self, metadata),
+            channel=self._channel,
         )
         grant = to_owner if to_owner != from_owner else None  # else a renewal
         # Not retried on a lost connection: a transfer that ran before the connection
@@ -289,8 +319,9 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     # -- waiting without polling -----------------------------------------------------------
 
-    async def watch_release(self, key: str) -> ReleaseWatch:
-        """Watch ``key`` for release and transfer on the provider's ``LISTEN`` connection.
+    async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
+        """Watch ``key`` for release and transfer on the provider's ``LISTEN`` connection;
+        with ``grants``, for grants too (the key taken by a new owner).
 
         Expiry sends nothing; waiters also sleep only until :meth:`lease_remaining_ms`.
         With ``notifications=false`` there is no channel: waiters wait on that alone.
@@ -298,8 +329,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         validate_key(key)
         self._refuse_if_closed()
         if self._channel is None:
-            return ReleaseHub().watch(key)
-        return await self._call(self._listener.watch(key), key)
+            return ReleaseHub().watch(key, grants=grants)
+        return await self._call(self._listener.watch(key, grants=grants), key)
 
     async def lease_remaining_ms(self, key: str) -> int | None:
         """Milliseconds left on the live lease of ``key`` by the server's clock."""
@@ -424,10 +455,18 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+    def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
+    ) -> LeaseResult:
         """Blocking :meth:`PostgresLeaseProvider.acquire_lease`."""
-        args = (self._sql, key, owner, ttl_ms)
+        data = None if metadata is None else metadata_for(self, metadata)  # most have none
+        args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return self._send(_ops.acquire(*args), key, _ops.acquire, args, write=True)
+
+    def get_lease_record(self, key: str) -> LeaseRecord | None:
+        """Blocking :meth:`PostgresLeaseProvider.get_lease_record`."""
+        args = (self._sql, key)
+        return self._send(_ops.record(*args), key, _ops.record, args)
 
     def get_lease_owner(self, key: str) -> str | None:
         """Blocking :meth:`PostgresLeaseProvider.get_lease_owner`."""
@@ -461,10 +500,24 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
         args = (self._sql, items)
         return self._send(operation, items[0][0], _ops.renew_many, args, write=True)
 
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+    def transfer_lease(
+        self,
+        key: str,
+        from_owner: str,
+        to_owner: str,
+        ttl_ms: int,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> bool:
         """Blocking :meth:`PostgresLeaseProvider.transfer_lease` (not retried, as there)."""
         operation = _ops.transfer(
-            self._sql, key, from_owner, to_owner, ttl_ms, channel=self._channel
+            self._sql,
+            key,
+            from_owner,
+            to_owner,
+            ttl_ms,
+            metadata=metadata_for(self, metadata),
+            channel=self._channel,
         )
         return self._send(operation, key, write=True)
 

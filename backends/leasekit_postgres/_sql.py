@@ -3,7 +3,8 @@
 The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            key bytea PRIMARY KEY, owner bytea, token bigint,
-                               expires_at timestamptz (index leasekit_leases_expires_at)
+                               expires_at timestamptz (index leasekit_leases_expires_at),
+                               metadata bytea (nullable: the holder's, stored with its grant)
     leasekit_leases_token_seq  the sequence every fencing token's last three digits come from
     leasekit_leases_meta       name text PRIMARY KEY, value bigint: 'schema_version'
 
@@ -48,12 +49,17 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout this code reads and writes, recorded in the meta table.
 
 2: tokens carry the server's clock (the table is unchanged). Recording it keeps a
 leasekit of version 1, whose tokens come from the sequence alone and would be lower,
 from starting on the table; migrating from 1 only records the new version.
+
+3: a nullable ``metadata bytea`` column, added to an existing table by
+``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` (no rewrite: existing rows read NULL). A
+leasekit of version 2 would leave a holder's metadata in place when another owner takes
+the key over, and a loser would route to the previous owner: it may not start on it.
 """
 
 DEFAULT_TABLE = "leasekit_leases"
@@ -118,6 +124,50 @@ _NEW_FENCE = (
 )
 
 
+# The clock part of a token drawn at the statement's start: every token this statement
+# draws is at least this (see Statements.acquire_notify).
+_STATEMENT_FENCE_FLOOR = "floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000"
+
+
+def channel_for(table: str) -> str:
+    """The ``NOTIFY`` channel of a lease table (an identifier, at most 63 bytes)."""
+    return f"{table}_released"[:63]
+
+
+GRANT_PREFIX = "+"
+"""How a grant hint's payload starts (then the key in hex, as a release hint's whole
+payload): not a hex digit, so a listener that knows only release hints skips it."""
+
+# The acquire statement (see Statements.acquire); {returning} and {notify} add the
+# grant hint. Doubled braces are the names Statements.compose fills in.
+_ACQUIRE = """
+    WITH granted AS (
+        INSERT INTO {{table}} AS lease (key, owner, token, expires_at, metadata)
+        VALUES (%(key)s, %(owner)s, {{fresh_token}}, {{expires_in}}, %(metadata)s)
+        ON CONFLICT (key) DO UPDATE SET
+            token = CASE
+                WHEN lease.owner = excluded.owner
+                    AND lease.expires_at > clock_timestamp() THEN lease.token
+                ELSE GREATEST(lease.token + 1, {{fresh_token}})
+            END,
+            owner = excluded.owner,
+            expires_at = {{expires_in}},
+            metadata = excluded.metadata
+        WHERE lease.owner = excluded.owner OR lease.expires_at <= clock_timestamp()
+        RETURNING lease.token{returning}
+    ),
+    holder AS (
+        SELECT owner, metadata FROM {{table}}
+        WHERE key = %(key)s
+            AND expires_at > clock_timestamp()
+            AND NOT EXISTS (SELECT FROM granted)
+        FOR SHARE
+    )
+    SELECT (SELECT token FROM granted), (SELECT owner FROM holder),
+        (SELECT metadata FROM holder){notify}
+    """
+
+
 class Statements:
     """The statements for one table, rendered once to the bytes psycopg sends.
 
@@ -137,6 +187,7 @@ class Statements:
             "seq_regclass": table.sequence_regclass,
             "expiry_index": table.expiry_index,
             "expires_in": sql.SQL(_EXPIRES_IN),
+            "channel": sql.Literal(channel_for(str(table))),
         }
         names["fresh_token"] = sql.SQL(_NEW_FENCE).format(seq_regclass=names["seq_regclass"])
 
@@ -156,8 +207,10 @@ class Statements:
                 key bytea PRIMARY KEY,
                 owner bytea NOT NULL,
                 token bigint NOT NULL,
-                expires_at timestamptz NOT NULL
+                expires_at timestamptz NOT NULL,
+                metadata bytea
             );
+            ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS metadata bytea;
             CREATE INDEX IF NOT EXISTS {{expiry_index}} ON {{table}} (expires_at);
             CREATE SEQUENCE IF NOT EXISTS {{seq}} AS bigint;
             CREATE TABLE IF NOT EXISTS {{meta}} (
@@ -172,7 +225,8 @@ class Statements:
         # No parameters. Raises UndefinedTable before the first migration.
         self.schema_version = compose("SELECT value FROM {meta} WHERE name = 'schema_version'")
 
-        # %(key)s, %(owner)s, %(ttl_ms)s -> one row (token, holder).
+        # %(key)s, %(owner)s, %(ttl_ms)s, %(metadata)s -> one row (token, holder,
+        # holder's metadata).
         #
         # `granted` inserts a free key, takes over an expired row (a new token, drawn
         # under the row lock) or refreshes the caller's own live lease (same token).
@@ -189,30 +243,40 @@ class Statements:
         # (the key had no row when the statement began) is invisible to it: then
         # `holder` is NULL and the caller reads the owner once more (OWNER), which is
         # the uncommon case of two acquirers racing for a brand-new key.
-        self.acquire = compose(
-            """
-            WITH granted AS (
-                INSERT INTO {table} AS lease (key, owner, token, expires_at)
-                VALUES (%(key)s, %(owner)s, {fresh_token}, {expires_in})
-                ON CONFLICT (key) DO UPDATE SET
-                    token = CASE
-                        WHEN lease.owner = excluded.owner
-                            AND lease.expires_at > clock_timestamp() THEN lease.token
-                        ELSE GREATEST(lease.token + 1, {fresh_token})
-                    END,
-                    owner = excluded.owner,
-                    expires_at = {expires_in}
-                WHERE lease.owner = excluded.owner OR lease.expires_at <= clock_timestamp()
-                RETURNING lease.token
-            ),
-            holder AS (
-                SELECT owner FROM {table}
-                WHERE key = %(key)s
-                    AND expires_at > clock_timestamp()
-                    AND NOT EXISTS (SELECT FROM granted)
-                FOR SHARE
+        #
+        # The metadata is the caller's in every grant (the holder's re-acquire sets it
+        # too); the holder's is returned with the holder, so a denied caller learns
+        # where to route in the same round trip.
+        self.acquire = compose(_ACQUIRE.format(returning="", notify=""))
+        # The same, telling owner watchers in the same statement when the key changed
+        # hands, on the table's NOTIFY channel (a literal: a parameter would cost every
+        # acquire its adaptation; a fourth column, the pg_notify call's void, NULL when
+        # it sent nothing). The payload is
+        # GRANT_PREFIX and the key in hex, which a release's waiters ignore and an
+        # older leasekit's listener cannot decode, so skips. Changed hands means a
+        # token drawn by this statement (a new grant: a free key, an expired one taken
+        # over, the holder's own expired lease): a new token is at least the clock part
+        # of statement_timestamp() (clock_timestamp() is never earlier), while the
+        # holder's refresh keeps a token drawn by an earlier statement, earlier on the
+        # clock. A refresh hints only if the clock went back or its token's statement
+        # ran on past this one's start (a watcher then reads the owner for nothing);
+        # a new grant always hints. Sent at commit, so a woken watcher finds the grant.
+        self.acquire_notify = compose(
+            _ACQUIRE.format(
+                returning=f", lease.key, lease.token >= {_STATEMENT_FENCE_FLOOR} AS fresh",
+                notify=(
+                    ", (SELECT pg_notify({channel}, "
+                    f"'{GRANT_PREFIX}' || encode(key, 'hex')) FROM granted WHERE fresh)"
+                ),
             )
-            SELECT (SELECT token FROM granted), (SELECT owner FROM holder)
+        )
+
+        # %(key)s -> (owner, token, metadata, remaining_ms) of the live lease, or no row.
+        self.record = compose(
+            """
+            SELECT owner, token, metadata,
+                ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+            FROM {table} WHERE key = %(key)s AND expires_at > clock_timestamp()
             """
         )
 
@@ -261,7 +325,7 @@ class Statements:
         # nothing.
         self.release = compose(
             """
-            UPDATE {table} SET expires_at = clock_timestamp()
+            UPDATE {table} SET expires_at = clock_timestamp(), metadata = NULL
             WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
             """
         )
@@ -273,7 +337,7 @@ class Statements:
         self.release_notify = compose(
             """
             WITH released AS (
-                UPDATE {table} SET expires_at = clock_timestamp()
+                UPDATE {table} SET expires_at = clock_timestamp(), metadata = NULL
                 WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
                 RETURNING key
             )
@@ -286,7 +350,7 @@ class Statements:
         # same owner, keeps a different token and is left alone.
         self.release_grant = compose(
             """
-            UPDATE {table} SET expires_at = clock_timestamp()
+            UPDATE {table} SET expires_at = clock_timestamp(), metadata = NULL
             WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
                 AND expires_at > clock_timestamp()
             """
@@ -294,7 +358,7 @@ class Statements:
         self.release_grant_notify = compose(
             """
             WITH released AS (
-                UPDATE {table} SET expires_at = clock_timestamp()
+                UPDATE {table} SET expires_at = clock_timestamp(), metadata = NULL
                 WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
                     AND expires_at > clock_timestamp()
                 RETURNING key
@@ -309,7 +373,8 @@ class Statements:
                     token = CASE WHEN owner = %(to_owner)s THEN token
                                  ELSE GREATEST(token + 1, {fresh_token}) END,
                     owner = %(to_owner)s,
-                    expires_at = {expires_in}
+                    expires_at = {expires_in},
+                    metadata = %(metadata)s
                 WHERE key = %(key)s AND owner = %(from_owner)s
                     AND expires_at > clock_timestamp()
                 RETURNING key
@@ -326,16 +391,18 @@ class Statements:
             """
         )
 
-        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s -> rowcount 1 if moved. One
-        # UPDATE rewrites owner, token and expiry together: the key is never free in
-        # between. A transfer to oneself is a renew and keeps the token.
+        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s, %(metadata)s -> rowcount 1 if
+        # moved. One UPDATE rewrites owner, token, expiry and metadata together: the key
+        # is never free in between. A transfer to oneself is a renew and keeps the token
+        # (the metadata is still replaced).
         self.transfer = compose(
             """
             UPDATE {table} SET
                 token = CASE WHEN owner = %(to_owner)s THEN token
                              ELSE GREATEST(token + 1, {fresh_token}) END,
                 owner = %(to_owner)s,
-                expires_at = {expires_in}
+                expires_at = {expires_in},
+                metadata = %(metadata)s
             WHERE key = %(key)s AND owner = %(from_owner)s AND expires_at > clock_timestamp()
             """
         )
@@ -363,12 +430,13 @@ class Statements:
             """
         )
 
-        # %(limit)s [, %(low)s, %(high)s] -> (key, owner, token, remaining_ms) of live
-        # leases in key order. A key prefix is the byte range [low, high), which the
+        # %(limit)s [, %(low)s, %(high)s] -> (key, owner, token, remaining_ms, metadata)
+        # of live leases in key order. A key prefix is the byte range [low, high), which the
         # primary key's index serves.
         inspect = """
             SELECT key, owner, token,
-                ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+                ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint,
+                metadata
             FROM {table}
             WHERE expires_at > clock_timestamp() {range}
             ORDER BY key
