@@ -49,6 +49,11 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "RENEW_MANY",
+    "SLOT_ACQUIRE",
+    "SLOT_HOLDERS",
+    "SLOT_RELEASE",
+    "SLOT_RENEW",
+    "SLOT_TRANSFER",
     "TRANSFER",
     "Script",
 ]
@@ -327,5 +332,254 @@ if not value then
   return nil
 end
 return {value, redis.call('PTTL', KEYS[1])}
+""",
+)
+
+
+# -- counting leases (leasekit.backend.SupportsSlots) ------------------------------------
+#
+# A counting key ``k`` is two Redis keys beside the lease's, under its hash tag (one
+# Cluster slot, so one script touches both), apart from the single-holder lease on the
+# same key string:
+#
+# - ``<lease name>:slots``: a sorted set of the owners of slots, each scored by its
+#   expiry in milliseconds on the server's clock (``TIME``). Every script first drops the
+#   members whose expiry has passed (``ZREMRANGEBYSCORE``), so what is left is live.
+# - ``<lease name>:slotinfo``: a hash: ``o<owner>`` -> the slot's token (``"<token>"``,
+#   or ``"<token> x"`` when held exclusively; the key is then its only slot), ``limit``,
+#   ``last`` (the last token issued for the counting key), and ``claim`` / ``claimexp``
+#   (a denied exclusive acquirer's claim to go next, and when it lapses, in ms).
+#
+# Both keys expire together ``counter_ttl_ms`` after the latest slot's expiry (never,
+# when that is None), so ``last`` outlives every slot. A new token is ``max(last + 1,
+# server time in microseconds)``, as the lease's (see the top of this module).
+_SLOT_PRELUDE = """
+local Z, H = KEYS[1], KEYS[2]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = now_us / 1000
+
+-- A time in ms as a score argument (a Lua number would be sent in %.14g).
+local function ms(v)
+  return string.format('%.3f', v)
+end
+
+-- Drop expired slots; the count of live ones.
+local function live()
+  local gone = redis.call('ZRANGEBYSCORE', Z, '-inf', ms(now))
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', Z, '-inf', ms(now))
+    for i = 1, #gone do
+      gone[i] = 'o' .. gone[i]
+    end
+    redis.call('HDEL', H, unpack(gone))
+  end
+  return redis.call('ZCARD', Z)
+end
+
+-- A slot's token (a string) and whether it is exclusive, or nil.
+local function slot_of(owner)
+  local value = redis.call('HGET', H, 'o' .. owner)
+  if not value then
+    return nil, false
+  end
+  local sep = string.find(value, ' ', 1, true)
+  if sep then
+    return string.sub(value, 1, sep - 1), true
+  end
+  return value, false
+end
+
+-- Both keys live at least until `until_ms` + counter_ttl ('-1': forever).
+local function keep(until_ms, counter_ttl)
+  local ttl = tonumber(counter_ttl)
+  if ttl < 0 then
+    return
+  end
+  local px = math.ceil(until_ms - now) + ttl
+  local left = redis.call('PTTL', H)
+  if left == -2 or left < px then
+    redis.call('PEXPIRE', H, px)
+  end
+  left = redis.call('PTTL', Z)
+  if left == -2 or left < px then
+    redis.call('PEXPIRE', Z, px)
+  end
+end
+
+local function new_token()
+  local last = tonumber(redis.call('HGET', H, 'last') or '0')
+  local token = string.format('%.0f', math.max(last + 1, now_us))
+  redis.call('HSET', H, 'last', token)
+  return token
+end
+
+local function put(owner, token, exclusive, expires)
+  redis.call('ZADD', Z, ms(expires), owner)
+  redis.call('HSET', H, 'o' .. owner, exclusive and (token .. ' x') or token)
+end
+"""
+
+# KEYS: slots, slotinfo. ARGV: owner, ttl_ms, limit, exclusive ('1' or '0'),
+# counter_ttl_ms ('-1': forever), claim_ms (how long a denied exclusive acquirer's claim
+# lives). The rules of leasekit.backend.SupportsSlots (as leasekit/_memory_slots.py).
+# Returns {1, token, held, exclusive} when granted; {0, held, limit, exclusive,
+# waiting ('' for none), holder...} (at most SHOWN holders, in grant order) when denied;
+# {2, stored limit} when the key's live slots have another limit (nothing written).
+SLOT_ACQUIRE = Script(
+    "slot_acquire",
+    _SLOT_PRELUDE
+    + """
+local owner, ttl, limit, exclusive = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local held = live()
+local stored = tonumber(redis.call('HGET', H, 'limit') or '0')
+if held > 0 and stored ~= limit then
+  return {2, stored}
+end
+if stored ~= limit then
+  redis.call('HSET', H, 'limit', limit)
+end
+local expires = now + ttl
+local token, mine_x = slot_of(owner)
+if token and (mine_x or not exclusive) then
+  redis.call('ZADD', Z, ms(expires), owner)
+  keep(expires, ARGV[5])
+  return {1, tonumber(token), held, mine_x and 1 or 0}
+end
+local claimant = redis.call('HGET', H, 'claim')
+if claimant and tonumber(redis.call('HGET', H, 'claimexp')) <= now then
+  claimant = false
+end
+local others = held - (token and 1 or 0)
+local held_x = false
+if held == 1 and not token then
+  local sole = redis.call('ZRANGE', Z, 0, 0)[1]
+  local _, x = slot_of(sole)
+  held_x = x
+end
+if exclusive and others == 0 and (not claimant or claimant == owner) then
+  if claimant then
+    redis.call('HDEL', H, 'claim', 'claimexp')
+  end
+  local granted = new_token()
+  put(owner, granted, true, expires)
+  keep(expires, ARGV[5])
+  return {1, tonumber(granted), 1, 1}
+end
+if not exclusive and not held_x and not claimant and others < limit then
+  local granted = new_token()
+  put(owner, granted, false, expires)
+  keep(expires, ARGV[5])
+  return {1, tonumber(granted), held + 1, 0}
+end
+if exclusive and (not claimant or claimant == owner) then
+  local claim_until = now + tonumber(ARGV[6])
+  redis.call('HSET', H, 'claim', owner, 'claimexp', ms(claim_until))
+  keep(claim_until, ARGV[5])
+end
+local reply = {0, held, stored > 0 and stored or limit, held_x and 1 or 0}
+if claimant and claimant ~= owner then
+  reply[5] = claimant
+else
+  reply[5] = ''
+end
+if held > 0 then
+  local owners = redis.call('ZRANGE', Z, 0, -1)
+  local tokens = {}
+  for i = 1, #owners do
+    tokens[owners[i]] = tonumber((slot_of(owners[i])))
+  end
+  table.sort(owners, function(a, b) return tokens[a] < tokens[b] end)
+  for i = 1, math.min(#owners, SHOWN) do
+    reply[5 + i] = owners[i]
+  end
+end
+return reply
+""".replace("SHOWN", "16"),
+)
+
+# KEYS: slots, slotinfo. ARGV: owner, ttl_ms, counter_ttl_ms. Resets the TTL of the
+# owner's live slot. Returns 1, or 0 when it holds none.
+SLOT_RENEW = Script(
+    "slot_renew",
+    _SLOT_PRELUDE
+    + """
+live()
+if not redis.call('ZSCORE', Z, ARGV[1]) then
+  return 0
+end
+local expires = now + tonumber(ARGV[2])
+redis.call('ZADD', Z, ms(expires), ARGV[1])
+keep(expires, ARGV[3])
+return 1
+""",
+)
+
+# KEYS: slots, slotinfo. ARGV: owner, and a token ('' for any). Frees the owner's live
+# slot (only the one carrying that token, when given: the undo of a grant whose caller
+# was cancelled). Returns 1, or 0 when it holds none.
+SLOT_RELEASE = Script(
+    "slot_release",
+    _SLOT_PRELUDE
+    + """
+live()
+local token = slot_of(ARGV[1])
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
+  return 0
+end
+redis.call('ZREM', Z, ARGV[1])
+redis.call('HDEL', H, 'o' .. ARGV[1])
+return 1
+""",
+)
+
+# KEYS: slots, slotinfo. ARGV: from_owner, to_owner, ttl_ms, counter_ttl_ms. Hands
+# from_owner's live slot to to_owner with a new token (exclusive stays exclusive); to
+# oneself, a renew. Returns 1, or 0 (nothing changed) when from_owner holds none or
+# to_owner holds another.
+SLOT_TRANSFER = Script(
+    "slot_transfer",
+    _SLOT_PRELUDE
+    + """
+live()
+local token, x = slot_of(ARGV[1])
+if not token then
+  return 0
+end
+local expires = now + tonumber(ARGV[3])
+if ARGV[2] == ARGV[1] then
+  redis.call('ZADD', Z, ms(expires), ARGV[1])
+  keep(expires, ARGV[4])
+  return 1
+end
+if redis.call('ZSCORE', Z, ARGV[2]) then
+  return 0
+end
+redis.call('ZREM', Z, ARGV[1])
+redis.call('HDEL', H, 'o' .. ARGV[1])
+put(ARGV[2], new_token(), x, expires)
+keep(expires, ARGV[4])
+return 1
+""",
+)
+
+# KEYS: slots, slotinfo. The live slots: {owner, token, ms left, ...} flat, in no
+# particular order (the caller sorts by token). Read-only: expired members are skipped,
+# not dropped.
+SLOT_HOLDERS = Script(
+    "slot_holders",
+    _SLOT_PRELUDE
+    + """
+local found = redis.call('ZRANGEBYSCORE', Z, '(' .. ms(now), '+inf', 'WITHSCORES')
+local reply = {}
+for i = 1, #found, 2 do
+  local token = slot_of(found[i])
+  if token then
+    reply[#reply + 1] = found[i]
+    reply[#reply + 1] = tonumber(token)
+    reply[#reply + 1] = math.max(1, math.ceil(tonumber(found[i + 1]) - now))
+  end
+end
+return reply
 """,
 )

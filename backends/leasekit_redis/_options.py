@@ -80,6 +80,7 @@ CAPABILITIES = Capabilities(
     release_notifications=True,
     grant_notifications=True,
     metadata=True,
+    slots=True,
 )
 """Both providers'; the async one turns notifications (release and grant) off on a
 cluster client without pub/sub (redis-py before 8)."""

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import redis
 import redis.asyncio
 
-from leasekit import Capabilities, LeaseResult, validate_key
+from leasekit import Capabilities, LeaseResult, SlotResult, validate_key
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
@@ -31,13 +31,14 @@ from leasekit.backend import (
     ReleaseHub,
     ReleaseWatch,
     RenewItem,
+    SlotGrant,
     SyncBackendProvider,
     check_renew_items,
     drive,
     drive_async,
 )
 
-from . import _aio, _blocking, _keys, _ops, _options
+from . import _aio, _blocking, _keys, _ops, _options, _slots
 from ._aio import RedisClient
 from ._blocking import RedisSyncClient
 from ._notify import RedisReleaseListener
@@ -312,6 +313,58 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         self._refuse_if_closed()
         return await self._call(drive_async(operation, self._exchange), items[0][0])
 
+    # -- counting leases (SupportsSlots) ------------------------------------------------
+
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
+
+        One script: the key's expired slots dropped, its limit, count, claim and the
+        caller's slot read, and the decision written, on the server's clock.
+        """
+        operation = _slots.acquire_slot(
+            self._ctx, key, owner, ttl_ms, limit=limit, exclusive=exclusive
+        )
+        grant = SlotGrant(owner)
+        if self._undos:
+            await self._after_undo(key, grant)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key, grant)
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        operation = _slots.renew_slot(self._ctx, key, owner, ttl_ms)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key)
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one."""
+        operation = _slots.release_slot(self._ctx, key, owner)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key)
+
+    async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
+        """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
+        operation = _slots.release_slot_grant(self._ctx, key, owner, token)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key)
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
+        operation = _slots.transfer_slot(self._ctx, key, from_owner, to_owner, ttl_ms)
+        grant = SlotGrant(to_owner) if to_owner != from_owner else None  # else a renewal
+        if grant is not None and self._undos:
+            await self._after_undo(key, grant)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key, grant)
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key``, in grant order."""
+        operation = _slots.slot_holders(self._ctx, key)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key)
+
     # -- waiting without polling -----------------------------------------------------------
 
     async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
@@ -560,3 +613,37 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
         operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata=metadata)
         moved: bool = self._call(drive, operation, self._exchange, key=key)
         return moved
+
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Blocking :meth:`RedisLeaseProvider.acquire_slot`."""
+        operation = _slots.acquire_slot(
+            self._ctx, key, owner, ttl_ms, limit=limit, exclusive=exclusive
+        )
+        result: SlotResult = self._call(drive, operation, self._exchange, key=key)
+        return result
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.renew_slot`."""
+        operation = _slots.renew_slot(self._ctx, key, owner, ttl_ms)
+        renewed: bool = self._call(drive, operation, self._exchange, key=key)
+        return renewed
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.release_slot`."""
+        operation = _slots.release_slot(self._ctx, key, owner)
+        released: bool = self._call(drive, operation, self._exchange, key=key)
+        return released
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`RedisLeaseProvider.transfer_slot`."""
+        operation = _slots.transfer_slot(self._ctx, key, from_owner, to_owner, ttl_ms)
+        moved: bool = self._call(drive, operation, self._exchange, key=key)
+        return moved
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`RedisLeaseProvider.get_slot_holders`."""
+        operation = _slots.slot_holders(self._ctx, key)
+        found: list[LeaseRecord] = self._call(drive, operation, self._exchange, key=key)
+        return found
