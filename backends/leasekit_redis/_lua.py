@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ACQUIRE",
     "ACQUIRES",
+    "ACQUIRE_IN_TURN",
     "ACQUIRE_SHARDED",
     "ACQUIRE_SILENT",
     "RECORD",
@@ -581,5 +582,93 @@ for i = 1, #found, 2 do
   end
 end
 return reply
+""",
+)
+
+
+# -- fair waiting (leasekit.backend.SupportsFairWaiting) ---------------------------------
+#
+# A key's line of waiters is two Redis keys beside its lease, under its hash tag:
+# ``<lease name>:line``, a sorted set of the waiting owners scored by arrival (a
+# sequence number), and ``<lease name>:places``, a hash: ``o<owner>`` -> when that place
+# lapses (ms, server clock), and ``seq``, the last arrival number. A lapsed place is
+# dropped when it reaches the head of the line (or its owner comes back, who then goes
+# last); both keys live as long as the longest place and go when the line empties.
+#
+# KEYS: lease, counter, line, places. ARGV: owner, ttl_ms, counter_px, publish,
+# place_ttl_ms, and the metadata to store with the grant (absent: none). ACQUIRE in the
+# caller's turn: granted when the key is free and no live place is ahead of the
+# caller's (or it holds the key: its own lease refreshed, same token); otherwise the
+# caller keeps its place (or takes one at the end), which lives place_ttl_ms from now.
+# Replies as ACQUIRE's, and an empty array when the key is free but it is not the
+# caller's turn.
+ACQUIRE_IN_TURN = Script(
+    "acquire_in_turn",
+    _PRELUDE
+    + """
+local LZ, LH = KEYS[3], KEYS[4]
+local owner = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+
+local function leave()
+  if redis.call('ZREM', LZ, owner) == 1 then
+    redis.call('HDEL', LH, 'o' .. owner)
+    if redis.call('ZCARD', LZ) == 0 then
+      redis.call('DEL', LZ, LH)
+    end
+  end
+end
+
+-- The owner of the first live place, lapsed ones before it dropped.
+local function head()
+  while true do
+    local first = redis.call('ZRANGE', LZ, 0, 0)[1]
+    if not first then
+      return nil
+    end
+    if tonumber(redis.call('HGET', LH, 'o' .. first) or '0') > now then
+      return first
+    end
+    redis.call('ZREM', LZ, first)
+    redis.call('HDEL', LH, 'o' .. first)
+  end
+end
+
+local value = redis.call('GET', KEYS[1])
+local holder, token, metadata
+if value then
+  holder, token, metadata = parse(value)
+  if holder == owner then
+    leave()
+    refresh(KEYS[1], KEYS[2], token, holder, metadata, ARGV[6], ARGV[2], ARGV[3])
+    return tonumber(token)
+  end
+end
+local first = head()
+if value or (first and first ~= owner) then
+  local place_ttl = tonumber(ARGV[5])
+  local lapses = redis.call('HGET', LH, 'o' .. owner)
+  if not lapses or tonumber(lapses) <= now then
+    redis.call('ZADD', LZ, redis.call('HINCRBY', LH, 'seq', 1), owner)
+  end
+  redis.call('HSET', LH, 'o' .. owner, string.format('%.3f', now + place_ttl))
+  for _, name in ipairs({LZ, LH}) do
+    if redis.call('PTTL', name) < place_ttl then
+      redis.call('PEXPIRE', name, place_ttl)
+    end
+  end
+  if not value then
+    return {}
+  end
+  if metadata then
+    return {holder, metadata}
+  end
+  return holder
+end
+leave()
+token = grant(KEYS[1], KEYS[2], owner, ARGV[2], ARGV[3], ARGV[6])
+notify(KEYS[1], ARGV[4], 'granted')
+return tonumber(token)
 """,
 )

@@ -49,6 +49,7 @@ __all__ = [
     "Request",
     "ScriptCall",
     "acquire",
+    "acquire_in_turn",
     "context",
     "inspect_batch",
     "owner",
@@ -243,6 +244,61 @@ def acquire(
     data = _metadata(metadata)
     call = ScriptCall(ctx.acquire, names, (owner.encode(), ttl_ms, counter_px, data))
     return _acquire(ctx, _writing(ctx, call), key, owner, data)
+
+
+LINE_SUFFIX = b":line"
+PLACES_SUFFIX = b":places"
+
+
+def acquire_in_turn(
+    ctx: OpContext,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    *,
+    place_ttl_ms: int,
+    metadata: bytes | str | None = None,
+) -> Operation[Request, LeaseResult]:
+    """``ACQUIRE_IN_TURN``: ``acquire`` through the key's line of waiters (its replies,
+    and an empty array when the key is free but another waiter goes first)."""
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    validate_ttl_ms(place_ttl_ms, "place_ttl_ms")
+    lease = _keys.lease_name(ctx.raw_prefix, key)
+    names = (lease, _keys.counter_name(lease), lease + LINE_SUFFIX, lease + PLACES_SUFFIX)
+    counter_px = _counter_px(ttl_ms, ctx.counter_ttl_ms)
+    args: tuple[Arg, ...] = (owner.encode(), ttl_ms, counter_px, ctx.publish, place_ttl_ms)
+    data = None if metadata is None else _metadata(metadata)
+    if data is not None:
+        args += (data,)
+    call = ScriptCall(_lua.ACQUIRE_IN_TURN, names, args)
+    return _acquire_in_turn(ctx, _writing(ctx, call), key, owner, data)
+
+
+def _acquire_in_turn(
+    ctx: OpContext,
+    request: ScriptCall | Acknowledged,
+    key: str,
+    owner: str,
+    metadata: bytes | None,
+) -> Operation[Request, LeaseResult]:
+    reply, acks = _unpack(ctx, (yield request))
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        _check_acks(ctx, key, acks)
+        return LeaseResult(True, owner, reply, metadata)
+    try:
+        if reply == []:
+            return LeaseResult(False, None, None)  # free, but not the caller's turn
+        if isinstance(reply, list) and len(reply) == 2:
+            holder, held_with = reply
+            if isinstance(holder, bytes | str) and isinstance(held_with, bytes | str):
+                return LeaseResult(False, _text(holder), None, _raw(held_with))
+        if not isinstance(reply, bytes | str):
+            raise GarbledReply(f"unexpected reply {reply!r:.80}")
+        return LeaseResult(False, _text(reply), None)
+    except GarbledReply as exc:
+        raise _garbled(ctx, key, exc) from exc
 
 
 def _metadata(metadata: bytes | str) -> bytes:

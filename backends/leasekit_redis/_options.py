@@ -81,6 +81,7 @@ CAPABILITIES = Capabilities(
     grant_notifications=True,
     metadata=True,
     slots=True,
+    fair_waiting=True,
 )
 """Both providers'; the async one turns notifications (release and grant) off on a
 cluster client without pub/sub (redis-py before 8)."""

@@ -229,6 +229,27 @@ class RedisLeaseProvider(_RedisProvider, BackendProvider):
         self._refuse_if_closed()
         return await self._call(drive_async(operation, self._exchange), key, owner)
 
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        One script over the lease and the key's line of waiters, on the server's clock.
+        """
+        operation = _ops.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
+        if self._undos:
+            await self._after_undo(key, owner)
+        self._refuse_if_closed()
+        return await self._call(drive_async(operation, self._exchange), key, owner)
+
     async def get_lease_owner(self, key: str) -> str | None:
         operation = _ops.owner(self._ctx, key)
         self._refuse_if_closed()
@@ -543,6 +564,22 @@ class RedisSyncLeaseProvider(_RedisProvider, SyncBackendProvider):
     ) -> LeaseResult:
         """Blocking :meth:`RedisLeaseProvider.acquire_lease`."""
         operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata=metadata)
+        result: LeaseResult = self._call(drive, operation, self._exchange, key=key)
+        return result
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`RedisLeaseProvider.acquire_lease_in_turn`."""
+        operation = _ops.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
         result: LeaseResult = self._call(drive, operation, self._exchange, key=key)
         return result
 

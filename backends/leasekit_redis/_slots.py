@@ -165,12 +165,12 @@ def _slot_holders(
     try:
         if not isinstance(reply, list) or len(reply) % 3:
             raise GarbledReply(f"unexpected reply {reply!r:.80}")
-        records = []
+        slots: list[tuple[int, str, int]] = []
         for owner, token, left in zip(reply[::3], reply[1::3], reply[2::3], strict=True):
             if not isinstance(token, int) or not isinstance(left, int):
                 raise GarbledReply(f"unexpected reply {reply!r:.80}")
-            records.append(LeaseRecord(key, _text(owner), token, max(1, left)))
+            slots.append((token, _text(owner), max(1, left)))
     except GarbledReply as exc:
         raise _garbled(ctx, key, exc) from exc
-    records.sort(key=lambda record: record.token)
-    return records
+    slots.sort()
+    return [LeaseRecord(key, owner, token, left) for token, owner, left in slots]
