@@ -20,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover (depends on the environment)
     missing_extra("redis", "the Redis operation tests")
 
-from leasekit_redis import _lua, _ops, _options
+from leasekit_redis import _lua, _ops, _options, _slots
 
 _T = TypeVar("_T")
 
@@ -312,3 +312,41 @@ def test_with_min_replicas_writes_carry_a_wait_and_a_shortfall_is_an_unknown_out
     # Releases are sent alone, without WAIT.
     _, sent = run(_ops.release(ACKED, "k", "me"), [1])
     assert isinstance(sent[0], _ops.ScriptCall)
+
+
+def test_acquire_slot_reads_grants_denials_and_a_limit_mismatch() -> None:
+    granted, [call] = run(_slots.acquire_slot(CTX, "k", "me", 500, limit=3), [[1, 9, 2, 0]])
+    assert granted == leasekit.SlotResult(True, "me", 9, 2, 3)
+    assert (call.script, call.keys) == (_lua.SLOT_ACQUIRE, (b"p:{k}:slots", b"p:{k}:slotinfo"))
+    assert call.args == (b"me", 500, 3, b"0", 1000, 500)
+    denied, [call] = run(
+        _slots.acquire_slot(CTX, "k", "me", 9000, limit=1, exclusive=True),
+        [[0, 1, 1, 1, b"w", b"a"]],
+    )
+    assert denied == leasekit.SlotResult(False, None, None, 1, 1, ("a",), True, "w")
+    assert call.args[3:] == (b"1", 1000, leasekit.EXCLUSIVE_INTENT_MS)
+    unclaimed, _ = run(_slots.acquire_slot(FOREVER, "k", "me", 5, limit=2), [[0, 2, 2, 0, b""]])
+    assert unclaimed.waiting is None
+    with pytest.raises(leasekit.SlotLimitMismatch):
+        run(_slots.acquire_slot(CTX, "k", "me", 5, limit=2), [[2, 4]])
+    with pytest.raises(leasekit.LeaseBackendError):
+        run(_slots.acquire_slot(CTX, "k", "me", 5, limit=2), [[7]])
+
+
+def test_slot_holders_come_back_in_grant_order() -> None:
+    holders, _ = run(_slots.slot_holders(CTX, "k"), [[b"b", 20, 5, b"a", 10, 0]])
+    assert holders == [LeaseRecord("k", "a", 10, 1), LeaseRecord("k", "b", 20, 5)]
+    with pytest.raises(leasekit.LeaseBackendError):
+        run(_slots.slot_holders(CTX, "k"), [[b"a", 10]])
+
+
+def test_acquire_in_turn_tells_a_free_key_not_yet_ones_turn() -> None:
+    result, [call] = run(_ops.acquire_in_turn(CTX, "k", "me", 500, place_ttl_ms=3000), [[]])
+    assert result == leasekit.LeaseResult(False, None, None)
+    assert call.script is _lua.ACQUIRE_IN_TURN
+    assert call.keys == (b"p:{k}", b"p:{k}:fence", b"p:{k}:line", b"p:{k}:places")
+    assert call.args == (b"me", 500, 1500, b"PUBLISH", 3000)
+    held, _ = run(_ops.acquire_in_turn(CTX, "k", "me", 500, place_ttl_ms=3000), [b"other"])
+    assert held == leasekit.LeaseResult(False, "other", None)
+    mine, _ = run(_ops.acquire_in_turn(CTX, "k", "me", 5, place_ttl_ms=9, metadata=b"m"), [7])
+    assert mine == leasekit.LeaseResult(True, "me", 7, b"m")
