@@ -1316,3 +1316,26 @@ class TestRedisContractAfterRestart(LeaseProviderContract):
             await provider.break_notifications()
 
         return cut
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS, ids=range(len(AWKWARD_KEYS)))
+async def test_slots_and_the_line_share_the_leases_hash_slot_and_expire(
+    provider: RedisLeaseProvider, key: str
+) -> None:
+    owner = f"own{key[:50]} {{}}\0🎉"
+    granted = await provider.acquire_slot(key, owner, LONG_MS, limit=2)
+    assert (granted.acquired, granted.owner) == (True, owner)
+    [record] = await provider.get_slot_holders(key)
+    assert (record.owner, record.token) == (owner, granted.token)
+    assert (await provider.acquire_lease_in_turn(key, "a", LONG_MS, place_ttl_ms=LONG_MS)).acquired
+    behind = await provider.acquire_lease_in_turn(key, "b", LONG_MS, place_ttl_ms=LONG_MS)
+    assert behind == leasekit.LeaseResult(False, "a", None)
+    client = provider.client
+    names = [n async for n in client.scan_iter(match=provider.prefix.encode() + b"*")]
+    # The lease, its counter, the slots, their hash, the line and its places.
+    assert len(names) == 6
+    assert len({key_slot(name) for name in names}) == 1
+    for name in names:
+        assert await client.pttl(name) > 0, name
+    # Counting keys and the line are not leases: inspect lists the lease alone.
+    assert [(r.key, r.owner) for r in await provider.inspect(key)] == [(key, "a")]
