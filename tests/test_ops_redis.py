@@ -350,3 +350,20 @@ def test_acquire_in_turn_tells_a_free_key_not_yet_ones_turn() -> None:
     assert held == leasekit.LeaseResult(False, "other", None)
     mine, _ = run(_ops.acquire_in_turn(CTX, "k", "me", 5, place_ttl_ms=9, metadata=b"m"), [7])
     assert mine == leasekit.LeaseResult(True, "me", 7, b"m")
+
+
+def test_slot_and_in_turn_grants_wait_for_replicas() -> None:
+    acked = _ops.context("p:", 1000, b"PUBLISH", 1, 100)
+    granted, [request] = run(_slots.acquire_slot(acked, "k", "me", 5, limit=2), [([1, 9, 1, 0], 1)])
+    assert granted.acquired
+    assert isinstance(request, _ops.Acknowledged)
+    assert request.wait == ("WAIT", 1, 100)
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        run(_slots.acquire_slot(acked, "k", "me", 5, limit=2), [([1, 9, 1, 0], 0)])
+    denied, _ = run(_slots.acquire_slot(acked, "k", "me", 5, limit=2), [([0, 2, 2, 0, b""], 0)])
+    assert not denied.acquired  # nothing written, nothing to acknowledge
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        run(_ops.acquire_in_turn(acked, "k", "me", 5, place_ttl_ms=9), [(7, 0)])
+    assert not run(_ops.acquire_in_turn(acked, "k", "me", 5, place_ttl_ms=9), [([], 0)])[0].acquired
+    with pytest.raises(leasekit.LeaseBackendTimeout):
+        run(_slots.transfer_slot(acked, "k", "a", "b", 5), [(1, 0)])
