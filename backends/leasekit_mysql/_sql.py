@@ -436,6 +436,8 @@ class Statements:
                             intent_expires_at = {NOW_UTC} + INTERVAL p_intent_us MICROSECOND
                             WHERE lease_key = p_key;
                     END IF;
+                    -- 16 owners of up to 1024 bytes, hex: never cut short.
+                    SET SESSION group_concat_max_len = GREATEST(@@group_concat_max_len, 65536);
                     SET v_holders = (SELECT GROUP_CONCAT(HEX(owner) ORDER BY token SEPARATOR ',')
                         FROM (SELECT owner, token FROM {slots} WHERE lease_key = p_key
                             ORDER BY token LIMIT p_shown) AS shown);
