@@ -400,17 +400,18 @@ class Statements:
                 INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, p_limit, 0)
                     ON DUPLICATE KEY UPDATE lease_key = lease_key;
                 DELETE FROM {slots} WHERE lease_key = p_key AND expires_at <= {NOW_UTC};
-                SET v_limit = (SELECT slot_limit FROM {keys} WHERE lease_key = p_key);
-                SET v_last = (SELECT last_token FROM {keys} WHERE lease_key = p_key);
-                SET v_claim = (SELECT intent FROM {keys}
-                    WHERE lease_key = p_key AND intent_expires_at > {NOW_UTC});
-                SET v_held = (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key);
-                SET v_exclusives = (SELECT COUNT(*) FROM {slots}
-                    WHERE lease_key = p_key AND is_exclusive);
-                SET v_mine = (SELECT token FROM {slots}
-                    WHERE lease_key = p_key AND owner = p_owner);
-                SET v_mine_exclusive = (SELECT is_exclusive FROM {slots}
-                    WHERE lease_key = p_key AND owner = p_owner);
+                -- One read of the key's state (one row, whatever exists: no warning).
+                SELECT
+                    (SELECT slot_limit FROM {keys} WHERE lease_key = p_key),
+                    (SELECT last_token FROM {keys} WHERE lease_key = p_key),
+                    (SELECT intent FROM {keys}
+                        WHERE lease_key = p_key AND intent_expires_at > {NOW_UTC}),
+                    (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key),
+                    (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key AND is_exclusive),
+                    (SELECT token FROM {slots} WHERE lease_key = p_key AND owner = p_owner),
+                    (SELECT is_exclusive FROM {slots}
+                        WHERE lease_key = p_key AND owner = p_owner)
+                INTO v_limit, v_last, v_claim, v_held, v_exclusives, v_mine, v_mine_exclusive;
                 SET v_others = v_held - IF(v_mine IS NULL, 0, 1);
                 IF v_held > 0 AND v_limit <> p_limit THEN
                     SET p_limit = v_limit;
@@ -520,10 +521,11 @@ class Statements:
                             {NOW_UTC} + INTERVAL p_place_us MICROSECOND)
                         ON DUPLICATE KEY UPDATE
                             expires_at = {NOW_UTC} + INTERVAL p_place_us MICROSECOND;
-                    SET v_holder = (SELECT owner FROM {t}
-                        WHERE lease_key = p_key AND expires_at > {NOW_UTC});
-                    SET v_metadata = (SELECT metadata FROM {t}
-                        WHERE lease_key = p_key AND expires_at > {NOW_UTC});
+                    SELECT
+                        (SELECT owner FROM {t} WHERE lease_key = p_key AND expires_at > {NOW_UTC}),
+                        (SELECT metadata FROM {t}
+                            WHERE lease_key = p_key AND expires_at > {NOW_UTC})
+                    INTO v_holder, v_metadata;
                 END IF;
                 COMMIT;
                 SELECT v_token, v_holder, v_metadata;
