@@ -240,6 +240,10 @@ async def test_first_use_creates_table_sequence_and_meta(
         name: "BASE TABLE",
         f"{name}_meta": "BASE TABLE",
         f"{name}_token_seq": "SEQUENCE",
+        f"{name}_slot_keys": "BASE TABLE",
+        f"{name}_slots": "BASE TABLE",
+        f"{name}_line": "BASE TABLE",
+        f"{name}_line_keys": "BASE TABLE",
     }
     assert meta == {"schema_version": SCHEMA_VERSION, "tokens": 1}
     assert columns["lease_key"] == columns["owner"] == columns["metadata"] == "varbinary"

@@ -302,10 +302,12 @@ class Statements:
         procedure: one round trip, and inside it one transaction that first locks the
         key's row (``INSERT ... ON DUPLICATE KEY UPDATE``, which takes the row's
         exclusive lock whether it inserts or not), then reads, decides and writes, and
-        commits. Reads after the lock see what the lock's previous holder committed:
-        under READ COMMITTED each read is a fresh snapshot; under REPEATABLE READ the
-        transaction's snapshot is taken at its first plain read, after the lock. A
-        failure inside rolls back (the handler) and reaches the client.
+        commits. The transaction runs at READ COMMITTED, whatever the session's level:
+        each read after the lock is a fresh snapshot, which sees what the lock's
+        previous holder committed, and InnoDB takes no gap locks, which under
+        REPEATABLE READ deadlocked a procedure's range delete against a single-row
+        renew or release of the same key. A failure inside rolls back (the handler)
+        and reaches the client.
         """
         t, keys, slots = table.quoted(), table.quoted("_slot_keys"), table.quoted("_slots")
         line, line_keys = table.quoted("_line"), table.quoted("_line_keys")
@@ -396,6 +398,7 @@ class Statements:
                 DECLARE v_holders LONGTEXT DEFAULT NULL;
                 DECLARE v_waiting VARBINARY(1024) DEFAULT NULL;
                 {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
                 START TRANSACTION;
                 INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, p_limit, 0)
                     ON DUPLICATE KEY UPDATE lease_key = lease_key;
@@ -459,6 +462,7 @@ class Statements:
                 DECLARE v_last BIGINT;
                 DECLARE v_moved BOOLEAN DEFAULT FALSE;
                 {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
                 START TRANSACTION;
                 INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, 0, 0)
                     ON DUPLICATE KEY UPDATE lease_key = lease_key;
@@ -497,6 +501,7 @@ class Statements:
                 DECLARE v_seq BIGINT;
                 DECLARE v_metadata VARBINARY(4096) DEFAULT NULL;
                 {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
                 START TRANSACTION;
                 INSERT INTO {line_keys} (lease_key) VALUES (p_key)
                     ON DUPLICATE KEY UPDATE lease_key = lease_key;
