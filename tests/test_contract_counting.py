@@ -3,9 +3,9 @@
 ``leasekit.counting(provider, limit=1)`` maps the five contract methods onto the slot
 methods (``acquire_slot`` and the rest), so with one slot it must behave exactly as a
 single-holder lease, fencing and concurrency included: the suite runs on it over
-``memory://``, over SQLite and over Redis (several processes too), through the async provider and
-through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are checked by the
-suite's ``SlotChecks`` on each backend.
+``memory://``, SQLite and PostgreSQL (several processes too), through the async
+provider and through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are
+checked by the suite's ``SlotChecks`` on each backend (Redis and MySQL included).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ def one_slot_blocking(url: str) -> leasekit.sync.SyncLeaseProvider:
     return leasekit.sync.wrap(one_slot(url), close=True)
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://counting-{uuid.uuid4().hex}"
-    if request.param == "redis":
-        base: str = request.getfixturevalue("redis_url")
-        prefix: str = request.getfixturevalue("redis_prefix")
-        return f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
+    if request.param == "postgres":
+        server: str = request.getfixturevalue("postgres_url")
+        table: str = request.getfixturevalue("postgres_table")
+        return f"{server}{'&' if '?' in server else '?'}table={table}"
     return f"sqlite:///{tmp_path}/counting.db"
 
 

@@ -1756,3 +1756,35 @@ def test_a_blocking_release_abandoned_at_the_timeout_never_ends_a_lease_granted_
         assert leases.get_lease_owner("k") == "x"
         rival = leases.acquire_lease("k", "y", LONG_MS)
         assert (rival.acquired, rival.owner) == (False, "x")
+
+
+async def test_a_version_3_table_gains_slots_and_the_line_on_first_use(
+    postgres_url: str, postgres_table: str
+) -> None:
+    # Schema version 4 adds the slot tables and the line beside an existing table.
+    create_version_2_table(postgres_url, postgres_table)
+    with admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN metadata bytea").format(identifier(postgres_table))
+        )
+        conn.execute(
+            sql.SQL("UPDATE {} SET value = 3").format(identifier(f"{postgres_table}_meta"))
+        )
+    async with PostgresLeaseProvider.from_url(postgres_url, table=postgres_table) as provider:
+        old = await provider.get_lease_record("old")
+        assert old is not None
+        assert (old.owner, old.token) == ("before", 7)
+        first = await provider.acquire_slot("s", "a", LONG_MS, limit=2)
+        second = await provider.acquire_slot("s", "b", LONG_MS, limit=2)
+        assert (first.acquired, second.acquired) == (True, True)
+        assert (second.token or 0) > (first.token or 0) > 0
+        denied = await provider.acquire_slot("s", "c", LONG_MS, limit=2)
+        assert (denied.acquired, denied.held, denied.holders) == (False, 2, ("a", "b"))
+        assert (
+            await provider.acquire_lease_in_turn("old", "c", LONG_MS, place_ttl_ms=LONG_MS)
+        ) == (leasekit.LeaseResult(False, "before", None, None))
+    with admin(postgres_url) as conn:
+        version = conn.execute(
+            sql.SQL("SELECT value FROM {}").format(identifier(f"{postgres_table}_meta"))
+        ).fetchone()
+    assert version == (SCHEMA_VERSION,)

@@ -85,6 +85,8 @@ CAPABILITIES = Capabilities(
     release_notifications=True,
     grant_notifications=True,
     metadata=True,
+    slots=True,
+    fair_waiting=True,
 )
 """What both providers declare (``release_notifications`` and ``grant_notifications``
 off with ``notifications=false``)."""

@@ -22,19 +22,21 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from psycopg_pool import ConnectionPool
 
-from leasekit import Capabilities, LeaseError, LeaseResult, validate_key
+from leasekit import Capabilities, LeaseError, LeaseResult, SlotResult, validate_key
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
+    Grant,
     LeaseRecord,
     ReleaseHub,
     ReleaseWatch,
     RenewItem,
+    SlotGrant,
     SyncBackendProvider,
     metadata_for,
 )
 
-from . import _ops, _sql
+from . import _ops, _slots, _sql
 from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._blocking import BlockingTransport
 from ._blocking import own_pool as own_blocking_pool
@@ -187,7 +189,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         again: Callable[..., _ops.Operation[_T]] | None = None,
         args: tuple[Any, ...] = (),
         *,
-        grant: str | None = None,
+        grant: Grant | None = None,
         write: bool = False,
     ) -> Awaitable[_T]:
         """Run ``operation`` (built, so validated) through the transport, bounded.
@@ -207,7 +209,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
             return self._after_undo_then(key, grant, call)
         return self._call_detached(call, key, grant)
 
-    async def _after_undo_then(self, key: str, grant: str, call: Coroutine[Any, Any, _T]) -> _T:
+    async def _after_undo_then(self, key: str, grant: Grant, call: Coroutine[Any, Any, _T]) -> _T:
         try:
             await self._after_undo(key, grant)
         except BaseException:
@@ -382,6 +384,79 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
             self._sweeper = None
         self._sweeps.swept(deleted)
 
+    # -- counting leases (SupportsSlots) ------------------------------------------------
+
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
+
+        One statement: a function that locks the key's row, drops its expired slots,
+        counts and decides, and writes the slot.
+        """
+        args = (self._sql, key, owner, ttl_ms, limit, exclusive)
+        operation = _slots.acquire_slot(*args)
+        return await self._send(
+            operation, key, _slots.acquire_slot, args, grant=SlotGrant(owner), write=True
+        )
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        args = (self._sql, key, owner, ttl_ms)
+        return await self._send(_slots.renew_slot(*args), key, _slots.renew_slot, args)
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one (not retried on a
+        lost connection, as ``release_if_held``)."""
+        return await self._send(_slots.release_slot(self._sql, key, owner), key)
+
+    async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
+        """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
+        args = (self._sql, key, owner, token)
+        return await self._send(
+            _slots.release_slot_grant(*args), key, _slots.release_slot_grant, args
+        )
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token), in one
+        statement; not retried on a lost connection."""
+        operation = _slots.transfer_slot(self._sql, key, from_owner, to_owner, ttl_ms)
+        grant = SlotGrant(to_owner) if to_owner != from_owner else None  # else a renewal
+        return await self._send(operation, key, grant=grant)
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key`` (time left by the server's clock), in grant order."""
+        args = (self._sql, key)
+        return await self._send(_slots.slot_holders(*args), key, _slots.slot_holders, args)
+
+    # -- fair waiting (SupportsFairWaiting) ---------------------------------------------
+
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        One statement: a function that takes the key's line lock (an advisory lock),
+        then grants or keeps the caller's place.
+        """
+        data = None if metadata is None else metadata_for(self, metadata)
+        channel = self._channel if self._hint_grants else None
+        args = (self._sql, key, owner, ttl_ms, place_ttl_ms, data, channel)
+        return await self._send(
+            _slots.acquire_in_turn(*args),
+            key,
+            _slots.acquire_in_turn,
+            args,
+            grant=owner,
+            write=True,
+        )
+
     async def row_count(self) -> int:
         """Rows in the table, live and expired: what the sweep keeps bounded."""
         return await self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))
@@ -549,3 +624,47 @@ class PostgresSyncLeaseProvider(_PostgresProvider, SyncBackendProvider):
     def row_count(self) -> int:
         """Blocking :meth:`PostgresLeaseProvider.row_count`."""
         return self._send(_ops.row_count(self._sql), None, _ops.row_count, (self._sql,))
+
+    # -- counting leases and fair waiting ---------------------------------------------
+
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Blocking :meth:`PostgresLeaseProvider.acquire_slot`."""
+        args = (self._sql, key, owner, ttl_ms, limit, exclusive)
+        return self._send(_slots.acquire_slot(*args), key, _slots.acquire_slot, args, write=True)
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`PostgresLeaseProvider.renew_slot`."""
+        args = (self._sql, key, owner, ttl_ms)
+        return self._send(_slots.renew_slot(*args), key, _slots.renew_slot, args)
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`PostgresLeaseProvider.release_slot` (not retried, as there)."""
+        return self._send(_slots.release_slot(self._sql, key, owner), key)
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`PostgresLeaseProvider.transfer_slot` (not retried, as there)."""
+        return self._send(_slots.transfer_slot(self._sql, key, from_owner, to_owner, ttl_ms), key)
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`PostgresLeaseProvider.get_slot_holders`."""
+        args = (self._sql, key)
+        return self._send(_slots.slot_holders(*args), key, _slots.slot_holders, args)
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`PostgresLeaseProvider.acquire_lease_in_turn`."""
+        data = None if metadata is None else metadata_for(self, metadata)
+        channel = self._channel if self._hint_grants else None
+        args = (self._sql, key, owner, ttl_ms, place_ttl_ms, data, channel)
+        return self._send(
+            _slots.acquire_in_turn(*args), key, _slots.acquire_in_turn, args, write=True
+        )

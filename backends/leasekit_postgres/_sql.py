@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout this code reads and writes, recorded in the meta table.
 
 2: tokens carry the server's clock (the table is unchanged). Recording it keeps a
@@ -60,6 +60,12 @@ from starting on the table; migrating from 1 only records the new version.
 ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` (no rewrite: existing rows read NULL). A
 leasekit of version 2 would leave a holder's metadata in place when another owner takes
 the key over, and a loser would route to the previous owner: it may not start on it.
+
+4: counting leases and fair waiting: the tables ``<table>_slot_keys``, ``<table>_slots``
+and ``<table>_line`` and the functions ``<table>_slot_take``, ``<table>_slot_move`` and
+``<table>_in_turn`` (see ``_SLOT_SCHEMA``), created beside an existing table; the lease
+table is unchanged, so a leasekit of version 3 could still run on it, but would not
+know the new tables: the version is recorded all the same.
 """
 
 DEFAULT_TABLE = "leasekit_leases"
@@ -91,6 +97,30 @@ class TableName:
     def sequence_regclass(self) -> sql.Literal:
         # nextval() takes the sequence's name as a string: the quoted identifier, as a literal.
         return sql.Literal(self.sequence.as_string())
+
+    @property
+    def slot_keys(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_slot_keys")
+
+    @property
+    def slots(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_slots")
+
+    @property
+    def line(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_line")
+
+    @property
+    def slot_take(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_slot_take")
+
+    @property
+    def slot_move(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_slot_move")
+
+    @property
+    def in_turn(self) -> sql.Identifier:
+        return self._qualified(f"{self.name}_in_turn")
 
     @property
     def expiry_index(self) -> sql.Identifier:
@@ -168,6 +198,198 @@ _ACQUIRE = """
     """
 
 
+# -- counting leases and fair waiting (schema version 4) --------------------------------
+# Three tables beside the lease table, and three functions. Each decision (a slot
+# acquire, a slot transfer, a fair acquire) is one call of a PL/pgSQL function: one
+# statement, so one round trip and one transaction in autocommit mode, safe on a
+# connection that many tasks share. The function first takes the key's lock (the
+# slot-keys row, FOR UPDATE; for the line, a transaction-level advisory lock on the
+# table and key), then reads, decides and writes. In READ COMMITTED each statement
+# inside a PL/pgSQL function takes a fresh snapshot, so every read after the lock sees
+# what the previous holder of the lock committed: the count is exact when the slot
+# is written, as in SQLite's BEGIN IMMEDIATE version. Slot tokens are drawn like the
+# leases' (the clock and the sequence), at least the key's last token + 1.
+#
+#   {slot_keys}  key, slot_limit, last_token, intent (a waiting exclusive acquirer's
+#                claim to go next) and its expiry
+#   {slots}      key, owner (primary key), token, expires_at, exclusive
+#   {line}       key, owner (primary key), seq, expires_at: the fair waiters' places
+#
+# Created OR REPLACEd by every migration, under the migration's advisory lock (two
+# processes replacing one function at once would fail).
+_SLOT_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS {slot_keys} (
+        key bytea PRIMARY KEY,
+        slot_limit integer NOT NULL,
+        last_token bigint NOT NULL,
+        intent bytea,
+        intent_expires_at timestamptz
+    );
+    CREATE TABLE IF NOT EXISTS {slots} (
+        key bytea NOT NULL,
+        owner bytea NOT NULL,
+        token bigint NOT NULL,
+        expires_at timestamptz NOT NULL,
+        exclusive boolean NOT NULL,
+        PRIMARY KEY (key, owner)
+    );
+    CREATE TABLE IF NOT EXISTS {line} (
+        key bytea NOT NULL,
+        owner bytea NOT NULL,
+        seq bigint NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (key, owner)
+    );
+    CREATE OR REPLACE FUNCTION {slot_take}(
+        p_key bytea, p_owner bytea, p_ttl_ms bigint, p_limit integer,
+        p_exclusive boolean, p_intent_ms bigint, p_shown integer
+    ) RETURNS TABLE (
+        o_acquired boolean, o_token bigint, o_held integer, o_limit integer,
+        o_holders bytea[], o_exclusive boolean, o_waiting bytea
+    ) LANGUAGE plpgsql AS $fn$
+    DECLARE
+        k record;
+        v_held integer;
+        v_exclusives integer;
+        v_mine bigint;
+        v_mine_exclusive boolean;
+        v_claim bytea;
+        v_others integer;
+        v_token bigint;
+    BEGIN
+        INSERT INTO {slot_keys} AS sk (key, slot_limit, last_token)
+            VALUES (p_key, p_limit, 0) ON CONFLICT (key) DO NOTHING;
+        SELECT * INTO k FROM {slot_keys} AS sk WHERE sk.key = p_key FOR UPDATE;
+        DELETE FROM {slots} AS s WHERE s.key = p_key AND s.expires_at <= clock_timestamp();
+        SELECT count(*), count(*) FILTER (WHERE s.exclusive) INTO v_held, v_exclusives
+            FROM {slots} AS s WHERE s.key = p_key;
+        SELECT s.token, s.exclusive INTO v_mine, v_mine_exclusive
+            FROM {slots} AS s WHERE s.key = p_key AND s.owner = p_owner;
+        IF v_held > 0 AND k.slot_limit <> p_limit THEN
+            -- A mismatch: nothing written (the key row existed), the caller raises.
+            RETURN QUERY SELECT false, NULL::bigint, v_held, k.slot_limit,
+                NULL::bytea[], false, NULL::bytea;
+            RETURN;
+        END IF;
+        IF v_mine IS NOT NULL AND (v_mine_exclusive OR NOT p_exclusive) THEN
+            UPDATE {slots} AS s
+                SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond'
+                WHERE s.key = p_key AND s.owner = p_owner;
+            RETURN QUERY SELECT true, v_mine, v_held, p_limit, NULL::bytea[],
+                v_mine_exclusive, NULL::bytea;
+            RETURN;
+        END IF;
+        IF k.intent_expires_at > clock_timestamp() THEN
+            v_claim := k.intent;
+        END IF;
+        v_others := v_held - (CASE WHEN v_mine IS NULL THEN 0 ELSE 1 END);
+        IF (p_exclusive AND v_others = 0 AND (v_claim IS NULL OR v_claim = p_owner))
+            OR (NOT p_exclusive AND v_exclusives = 0 AND v_claim IS NULL AND v_others < p_limit)
+        THEN
+            v_token := GREATEST(k.last_token + 1, {fresh_token});
+            UPDATE {slot_keys} AS sk SET slot_limit = p_limit, last_token = v_token,
+                intent = NULL, intent_expires_at = NULL
+                WHERE sk.key = p_key;
+            DELETE FROM {slots} AS s WHERE s.key = p_key AND s.owner = p_owner;
+            INSERT INTO {slots} (key, owner, token, expires_at, exclusive)
+                VALUES (p_key, p_owner, v_token,
+                    clock_timestamp() + p_ttl_ms * interval '1 millisecond', p_exclusive);
+            RETURN QUERY SELECT true, v_token,
+                CASE WHEN p_exclusive THEN 1 ELSE v_held + 1 END, p_limit,
+                NULL::bytea[], p_exclusive, NULL::bytea;
+            RETURN;
+        END IF;
+        IF p_exclusive AND (v_claim IS NULL OR v_claim = p_owner) THEN
+            UPDATE {slot_keys} AS sk SET intent = p_owner,
+                intent_expires_at = clock_timestamp() + p_intent_ms * interval '1 millisecond'
+                WHERE sk.key = p_key;
+        END IF;
+        RETURN QUERY SELECT false, NULL::bigint, v_held, p_limit,
+            ARRAY(SELECT s.owner FROM {slots} AS s WHERE s.key = p_key
+                ORDER BY s.token LIMIT p_shown),
+            v_exclusives > 0,
+            CASE WHEN v_claim = p_owner THEN NULL ELSE v_claim END;
+    END
+    $fn$;
+    CREATE OR REPLACE FUNCTION {slot_move}(
+        p_key bytea, p_from bytea, p_to bytea, p_ttl_ms bigint
+    ) RETURNS boolean LANGUAGE plpgsql AS $fn$
+    DECLARE
+        k record;
+        v_token bigint;
+    BEGIN
+        SELECT * INTO k FROM {slot_keys} AS sk WHERE sk.key = p_key FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        DELETE FROM {slots} AS s WHERE s.key = p_key AND s.expires_at <= clock_timestamp();
+        IF NOT EXISTS (SELECT FROM {slots} AS s WHERE s.key = p_key AND s.owner = p_from)
+            OR EXISTS (SELECT FROM {slots} AS s WHERE s.key = p_key AND s.owner = p_to)
+        THEN
+            RETURN false;
+        END IF;
+        v_token := GREATEST(k.last_token + 1, {fresh_token});
+        UPDATE {slot_keys} AS sk SET last_token = v_token WHERE sk.key = p_key;
+        UPDATE {slots} AS s SET owner = p_to, token = v_token,
+            expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond'
+            WHERE s.key = p_key AND s.owner = p_from;
+        RETURN true;
+    END
+    $fn$;
+    CREATE OR REPLACE FUNCTION {in_turn}(
+        p_key bytea, p_owner bytea, p_ttl_ms bigint, p_place_ttl_ms bigint,
+        p_metadata bytea, p_channel text
+    ) RETURNS TABLE (o_token bigint, o_holder bytea, o_metadata bytea)
+    LANGUAGE plpgsql AS $fn$
+    DECLARE
+        v_holder bytea;
+        v_head bytea;
+        v_token bigint;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended({lock_name} || encode(p_key, 'hex'), 0));
+        DELETE FROM {line} AS l WHERE l.key = p_key AND l.expires_at <= clock_timestamp();
+        SELECT t.owner INTO v_holder FROM {table} AS t
+            WHERE t.key = p_key AND t.expires_at > clock_timestamp();
+        SELECT l.owner INTO v_head FROM {line} AS l WHERE l.key = p_key ORDER BY l.seq LIMIT 1;
+        IF v_holder = p_owner OR (v_holder IS NULL AND (v_head IS NULL OR v_head = p_owner)) THEN
+            INSERT INTO {table} AS lease (key, owner, token, expires_at, metadata)
+            VALUES (p_key, p_owner, {fresh_token},
+                clock_timestamp() + p_ttl_ms * interval '1 millisecond', p_metadata)
+            ON CONFLICT (key) DO UPDATE SET
+                token = CASE
+                    WHEN lease.owner = excluded.owner
+                        AND lease.expires_at > clock_timestamp() THEN lease.token
+                    ELSE GREATEST(lease.token + 1, {fresh_token})
+                END,
+                owner = excluded.owner,
+                expires_at = excluded.expires_at,
+                metadata = excluded.metadata
+            WHERE lease.owner = excluded.owner OR lease.expires_at <= clock_timestamp()
+            RETURNING lease.token INTO v_token;
+            IF v_token IS NOT NULL THEN
+                DELETE FROM {line} AS l WHERE l.key = p_key AND l.owner = p_owner;
+                IF p_channel IS NOT NULL AND v_holder IS NULL THEN
+                    PERFORM pg_notify(p_channel, '+' || encode(p_key, 'hex'));
+                END IF;
+                RETURN QUERY SELECT v_token, NULL::bytea, NULL::bytea;
+                RETURN;
+            END IF;
+        END IF;
+        INSERT INTO {line} AS l (key, owner, seq, expires_at)
+            VALUES (p_key, p_owner,
+                COALESCE((SELECT max(l2.seq) FROM {line} AS l2 WHERE l2.key = p_key), 0) + 1,
+                clock_timestamp() + p_place_ttl_ms * interval '1 millisecond')
+            ON CONFLICT (key, owner) DO UPDATE SET expires_at = excluded.expires_at;
+        RETURN QUERY SELECT NULL::bigint, t.owner, t.metadata FROM {table} AS t
+            WHERE t.key = p_key AND t.expires_at > clock_timestamp();
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT NULL::bigint, NULL::bytea, NULL::bytea;
+        END IF;
+    END
+    $fn$;
+"""
+
+
 class Statements:
     """The statements for one table, rendered once to the bytes psycopg sends.
 
@@ -186,6 +408,13 @@ class Statements:
             "seq": table.sequence,
             "seq_regclass": table.sequence_regclass,
             "expiry_index": table.expiry_index,
+            "slot_keys": table.slot_keys,
+            "slots": table.slots,
+            "line": table.line,
+            "slot_take": table.slot_take,
+            "slot_move": table.slot_move,
+            "in_turn": table.in_turn,
+            "lock_name": sql.Literal(str(table)),
             "expires_in": sql.SQL(_EXPIRES_IN),
             "channel": sql.Literal(channel_for(str(table))),
         }
@@ -203,6 +432,7 @@ class Statements:
         # prepare=False, or a pool with prepare_threshold=0 would try.
         self.migrate = compose(
             f"""
+            SELECT pg_advisory_xact_lock(hashtextextended({{lock_name}}, 0));
             CREATE TABLE IF NOT EXISTS {{table}} (
                 key bytea PRIMARY KEY,
                 owner bytea NOT NULL,
@@ -217,6 +447,7 @@ class Statements:
                 name text PRIMARY KEY,
                 value bigint NOT NULL
             );
+            {_SLOT_SCHEMA}
             INSERT INTO {{meta}} AS m (name, value) VALUES ('schema_version', {SCHEMA_VERSION})
                 ON CONFLICT (name) DO UPDATE SET value = GREATEST(m.value, excluded.value)
             """
@@ -449,3 +680,57 @@ class Statements:
 
         # No parameters. Rows live and expired: what the sweep keeps bounded.
         self.count_rows = compose("SELECT count(*) FROM {table}")
+
+        # -- counting leases (one function call each, see _SLOT_SCHEMA) --
+        # %(key)s, %(owner)s, %(ttl_ms)s, %(limit)s, %(exclusive)s, %(intent_ms)s,
+        # %(shown)s -> (acquired, token, held, limit, holders, exclusive, waiting);
+        # a limit other than %(limit)s: the stored one, nothing written.
+        self.slot_acquire = compose(
+            "SELECT * FROM {slot_take}(%(key)s, %(owner)s, %(ttl_ms)s, %(limit)s,"
+            " %(exclusive)s, %(intent_ms)s, %(shown)s)"
+        )
+        # %(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s -> (moved,).
+        self.slot_transfer = compose(
+            "SELECT {slot_move}(%(key)s, %(from_owner)s, %(to_owner)s, %(ttl_ms)s)"
+        )
+        # %(key)s, %(owner)s, %(ttl_ms)s -> rowcount 1 if the caller's live slot was renewed.
+        self.slot_renew = compose(
+            f"""
+            UPDATE {{slots}} SET expires_at = {_EXPIRES_IN}
+            WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+            """
+        )
+        # %(key)s, %(owner)s -> rowcount 1 if the caller's live slot was freed (its
+        # token stays in the slot-keys row).
+        self.slot_release = compose(
+            """
+            DELETE FROM {slots}
+            WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+            """
+        )
+        # %(key)s, %(owner)s, %(token)s: the same, only the grant carrying this token
+        # (the undo of a slot grant whose caller was cancelled).
+        self.slot_release_grant = compose(
+            """
+            DELETE FROM {slots}
+            WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
+                AND expires_at > clock_timestamp()
+            """
+        )
+        # %(key)s -> (owner, token, remaining_ms) of the live slots, in grant order.
+        self.slot_records = compose(
+            """
+            SELECT owner, token,
+                ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+            FROM {slots} WHERE key = %(key)s AND expires_at > clock_timestamp()
+            ORDER BY token
+            """
+        )
+
+        # -- fair waiting --
+        # %(key)s, %(owner)s, %(ttl_ms)s, %(place_ttl_ms)s, %(metadata)s, %(channel)s
+        # -> (token, holder, holder's metadata): token when granted.
+        self.acquire_in_turn = compose(
+            "SELECT * FROM {in_turn}(%(key)s, %(owner)s, %(ttl_ms)s, %(place_ttl_ms)s,"
+            " %(metadata)s::bytea, %(channel)s::text)"
+        )
