@@ -1,5 +1,9 @@
 """Each operation as "the statements to send, and how to read the replies": no I/O.
 
+One module, over 500 lines: every operation's statements and replies (contract, records,
+slots, the line), written once for both drivers; split by topic they would share most of
+their helpers.
+
 An operation is a generator (:data:`leasekit.backend.Operation`): it yields a
 :class:`Query` (statement, parameters, which part of the reply it reads), is sent that
 reply (the first row, every row, or the row count), and returns its result. It never

@@ -1,5 +1,8 @@
 """``PostgresLeaseProvider``: leases in one PostgreSQL table, one statement per operation.
 
+One module, over 500 lines: the async, single-connection and blocking providers share
+one lifecycle and each forwards every operation, slots and the line included.
+
 Lifecycle only. The statements are in ``_sql``, the operations that send them and read
 their replies in ``_ops``, the options, capabilities and error table in ``_options``,
 and the I/O in ``_aio``; :class:`PostgresSyncLeaseProvider`, at the end, runs the same

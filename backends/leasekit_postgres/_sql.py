@@ -1,5 +1,8 @@
 """Every SQL statement the PostgreSQL backend runs, each in one place with why it is atomic.
 
+One module, over 500 lines: every statement and PL/pgSQL function the backend sends,
+each beside why it is atomic, in one place to review together.
+
 The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            key bytea PRIMARY KEY, owner bytea, token bigint,

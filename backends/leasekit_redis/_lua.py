@@ -1,5 +1,8 @@
 """Every Lua script the Redis backend runs, each in one place with why it is atomic.
 
+One module, over 500 lines: every script the backend runs (leases, records, slots, the
+line), each beside why it is atomic, in one place to review together.
+
 Redis runs a script without interleaving any other command, so each script's read,
 ownership check and write form one atomic step, decided on the server's clock, in
 one round trip (EVALSHA, falling back to EVAL when the server lost its script cache).

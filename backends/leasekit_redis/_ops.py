@@ -1,5 +1,8 @@
 """Every Redis operation, without I/O: the command it sends and how it reads the reply.
 
+One module, over 500 lines: every operation's commands and replies, written once for
+both drivers and for single node, Sentinel and Cluster.
+
 An operation is a :data:`leasekit.backend.Operation`: a generator that yields one
 request (a :class:`ScriptCall` of a script in ``_lua``, or a plain command such as
 ``GET``), is sent the reply and returns the contract's value. Its factory validates
