@@ -350,6 +350,12 @@ async def test_first_use_creates_table_sequence_index_and_meta(
         "_token_seq": "S",
         "_meta": "r",
         "_meta_pkey": "i",
+        "_slots": "r",
+        "_slots_pkey": "i",
+        "_slot_keys": "r",
+        "_slot_keys_pkey": "i",
+        "_line": "r",
+        "_line_pkey": "i",
     }
     schema, name = postgres_table.split(".")
     with admin(postgres_url) as conn:
