@@ -19,7 +19,7 @@ import contextvars
 import itertools
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
@@ -32,6 +32,7 @@ from leasekit.backend import drive_async
 
 from . import _ops
 from ._commit import CommitWatch
+from ._group import Groups
 from ._options import (
     BACKEND,
     CONNECT_ERRORS,
@@ -136,6 +137,9 @@ class AsyncTransport:
         self.watches: weakref.WeakKeyDictionary[Any, CommitWatch] | None = (
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
+        # Acquires, releases and renewals that arrive together go out together (_group).
+        self.groups = Groups(settings.statements, settings.channel)
+        self._group_tasks: set[asyncio.Task[None]] = set()
 
     async def run(
         self,
@@ -168,6 +172,39 @@ class AsyncTransport:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
+
+    async def exchange_once(self, query: _ops.Query) -> Any:
+        """Send one statement for a group (``_group``): its reply; never retried here."""
+        try:
+            if not self.ready:
+                await self.ensure_ready(check_schema=True)
+            if self.pool is None:
+                return await self._run_single(_one(query))
+            return await self._attempt(_one(query))
+        except PoolClosed:
+            if self.closing:
+                raise LeaseProviderClosed(backend=BACKEND) from None
+            raise
+
+    async def retry(self, operation: _ops.Operation[_T], exc: BaseException) -> _T:
+        """What :func:`~leasekit_postgres._ops.attempts` does after ``exc`` (its connection
+        died under a group's statement): ``operation`` once more, on a fresh connection."""
+        if self.pool is None:
+            operation.close()
+            raise exc
+        try:
+            return await self._attempt(_ops.Retry(operation))
+        except PoolClosed:
+            if self.closing:
+                raise LeaseProviderClosed(backend=BACKEND) from None
+            raise
+
+    def start(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a group's statement in a task of its own (:meth:`close` stops it)."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_tasks.discard)
+        task.add_done_callback(_consume_outcome)
 
     async def _attempt(self, step: _ops.Operation[_T] | _ops.Retry) -> _T:
         """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""
@@ -282,6 +319,8 @@ class AsyncTransport:
     async def close(self) -> None:
         """Close the client; a pool's workers still connecting are stopped too."""
         self.closing = True
+        for task in list(self._group_tasks):
+            task.cancel()  # the provider drained its calls: nobody waits for these
         if self.pool is None:
             assert self.conn is not None
             await self.conn.close()
@@ -317,6 +356,17 @@ class AsyncTransport:
             return f"{info.host}:{info.port}/{info.dbname}"
         except (psycopg.Error, ValueError):
             return ""
+
+
+def _one(query: _ops.Query) -> _ops.Operation[Any]:
+    """The operation that sends ``query`` and returns its reply."""
+    reply = yield query
+    return reply
+
+
+def _consume_outcome(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # handed to the group's members already
 
 
 # -- psycopg_pool's log ------------------------------------------------------------------

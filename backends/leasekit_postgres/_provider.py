@@ -43,6 +43,7 @@ from . import _ops, _slots, _sql
 from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._blocking import BlockingTransport
 from ._blocking import own_pool as own_blocking_pool
+from ._group import Group, grouped
 from ._notify import PostgresReleaseListener
 from ._options import (
     BACKEND,
@@ -194,11 +195,14 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         *,
         grant: Grant | None = None,
         write: bool = False,
+        group: Group | None = None,
     ) -> Awaitable[_T]:
         """Run ``operation`` (built, so validated) through the transport, bounded.
 
         ``again(*args)`` builds it anew for the one retry on a lost connection (``None``:
         not retried). ``grant``: the owner an acquire or transfer may grant ``key`` to.
+        ``group``: the kind of call that, arriving with others of its kind, is decided
+        with them in one statement (``_group``).
         """
         # Before the transport is touched: in a forked child (or on a new loop) the
         # provider builds itself anew here, with a transport of its own.
@@ -207,7 +211,10 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         if write and self._sweeps.wrote() and self._sweeper is None and not self.closed:
             self._sweeps.started()
             self._sweeper = self._spawn(self._sweep_in_background())
-        call = self._io.run(operation, again, args)
+        if group is None or key is None:
+            call = self._io.run(operation, again, args)
+        else:
+            call = grouped(self._io, group, key, operation, again, args)
         if grant is not None and self._undos and key is not None:
             return self._after_undo_then(key, grant, call)
         return self._call_detached(call, key, grant)
@@ -249,7 +256,13 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         data = None if metadata is None else metadata_for(self, metadata)  # most have none
         args = (self._sql, key, owner, ttl_ms, data, self._hint_grants)
         return await self._send(
-            _ops.acquire(*args), key, _ops.acquire, args, grant=owner, write=True
+            _ops.acquire(*args),
+            key,
+            _ops.acquire,
+            args,
+            grant=owner,
+            write=True,
+            group=self._io.groups.acquire,
         )
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -263,7 +276,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         args = (self._sql, key, owner, self._channel)
-        await self._send(_ops.release(*args), key, _ops.release, args, write=True)
+        group = self._io.groups.release
+        await self._send(_ops.release(*args), key, _ops.release, args, write=True, group=group)
 
     async def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``).
@@ -272,7 +286,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         landed before the connection died would answer False the second time.
         """
         operation = _ops.release(self._sql, key, owner, self._channel)
-        return await self._send(operation, key, write=True)
+        return await self._send(operation, key, write=True, group=self._io.groups.release)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
@@ -284,7 +298,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         args = (self._sql, key, owner, ttl_ms)
-        return await self._send(_ops.renew(*args), key, _ops.renew, args, write=True)
+        group = self._io.groups.renew
+        return await self._send(_ops.renew(*args), key, _ops.renew, args, write=True, group=group)
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew many leases in one statement (``leasekit.backend.SupportsRenewMany``).

@@ -201,6 +201,45 @@ _ACQUIRE = """
     """
 
 
+# The grouped acquire (see Statements.acquire_group); {returning} and {notify} as in
+# _ACQUIRE, per row.
+_ACQUIRE_GROUP = """
+    WITH item AS (
+        SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[], %(ttls_ms)b::int8[],
+            %(metadata)b::bytea[]) WITH ORDINALITY AS item (key, owner, ttl_ms, metadata, position)
+    ),
+    granted AS (
+        INSERT INTO {{table}} AS lease (key, owner, token, expires_at, metadata)
+        SELECT item.key, item.owner, {{fresh_token}},
+            clock_timestamp() + item.ttl_ms * interval '1 millisecond', item.metadata
+        FROM item ORDER BY item.key
+        ON CONFLICT (key) DO UPDATE SET
+            token = CASE
+                WHEN lease.owner = excluded.owner
+                    AND lease.expires_at > clock_timestamp() THEN lease.token
+                ELSE GREATEST(lease.token + 1, {{fresh_token}})
+            END,
+            owner = excluded.owner,
+            expires_at = clock_timestamp()
+                + (SELECT i.ttl_ms FROM item AS i WHERE i.key = excluded.key)
+                * interval '1 millisecond',
+            metadata = excluded.metadata
+        WHERE lease.owner = excluded.owner OR lease.expires_at <= clock_timestamp()
+        RETURNING lease.key, lease.token{returning}
+    ),
+    holder AS (
+        SELECT key, owner, metadata FROM {{table}}
+        WHERE key IN (SELECT key FROM item)
+            AND expires_at > clock_timestamp()
+            AND key NOT IN (SELECT key FROM granted)
+        FOR SHARE
+    )
+    SELECT g.token, h.owner, h.metadata{notify}
+    FROM item LEFT JOIN granted AS g ON g.key = item.key LEFT JOIN holder AS h ON h.key = item.key
+    ORDER BY item.position
+    """
+
+
 # -- counting leases and fair waiting (schema version 4) --------------------------------
 # Three tables beside the lease table, and three functions. Each decision (a slot
 # acquire, a slot transfer, a fair acquire) is one call of a PL/pgSQL function: one
@@ -503,6 +542,56 @@ class Statements:
                     f"'{GRANT_PREFIX}' || encode(key, 'hex')) FROM granted WHERE fresh)"
                 ),
             )
+        )
+
+        # Operations that arrive together, decided together (issue 28; see _group):
+        # %(keys)s, %(owners)s, %(ttls_ms)s, %(metadata)s, four arrays of one length,
+        # keys distinct and sorted -> one row per item, in item order, each exactly
+        # ACQUIRE's (token, holder, holder's metadata[, the hint's void]).
+        #
+        # Each row is decided as ACQUIRE decides it, in one statement and one
+        # transaction for the group: `granted` inserts the items in key order (so the
+        # rows are locked in key order, the same in every group, and two groups never
+        # wait for each other in a circle), and ON CONFLICT DO UPDATE locks each
+        # existing row, re-checks it under the lock and keeps the lock when it denies.
+        # The expiry of a taken-over row is computed after its lock is taken, from the
+        # item's own TTL (the subquery), as ACQUIRE computes it. `holder` reads, FOR
+        # SHARE, the holders of the items not granted (following each row's update
+        # chain to the version that denied it, as in ACQUIRE); an item whose denying row
+        # is newer than the snapshot has neither token nor holder, and its caller reads
+        # the owner once more, exactly as after ACQUIRE. With notifications, each row
+        # that changed hands sends its grant hint, as ACQUIRE_NOTIFY's.
+        self.acquire_group = compose(_ACQUIRE_GROUP.format(returning="", notify=""))
+        self.acquire_group_notify = compose(
+            _ACQUIRE_GROUP.format(
+                returning=f", lease.token >= {_STATEMENT_FENCE_FLOOR} AS fresh",
+                notify=(
+                    ", (SELECT pg_notify({channel}, "
+                    f"'{GRANT_PREFIX}' || encode(item.key, 'hex')) WHERE g.fresh)"
+                ),
+            )
+        )
+        # %(keys)s, %(owners)s (distinct keys, sorted) -> one row (i,) per released
+        # item, 1-based: RELEASE for each item, in one statement and one transaction.
+        # The _notify twin also takes %(channel)s and notifies each released key's
+        # waiters, as RELEASE_NOTIFY does.
+        release_group = """
+            WITH item AS (
+                SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[])
+                    WITH ORDINALITY AS item (key, owner, position)
+            ),
+            released AS (
+                UPDATE {table} AS lease SET expires_at = clock_timestamp(), metadata = NULL
+                FROM item
+                WHERE lease.key = item.key AND lease.owner = item.owner
+                    AND lease.expires_at > clock_timestamp()
+                RETURNING item.position, lease.key
+            )
+            SELECT position{notify} FROM released
+            """
+        self.release_group = compose(release_group.replace("{notify}", ""))
+        self.release_group_notify = compose(
+            release_group.replace("{notify}", ", pg_notify(%(channel)s, encode(key, 'hex'))")
         )
 
         # %(key)s -> (owner, token, metadata, remaining_ms) of the live lease, or no row.
