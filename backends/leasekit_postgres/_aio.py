@@ -32,7 +32,6 @@ from leasekit.backend import drive_async
 
 from . import _ops
 from ._commit import CommitWatch
-from ._group import Groups
 from ._options import (
     BACKEND,
     CONNECT_ERRORS,
@@ -137,8 +136,7 @@ class AsyncTransport:
         self.watches: weakref.WeakKeyDictionary[Any, CommitWatch] | None = (
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
-        # Acquires, releases and renewals that arrive together go out together (_group).
-        self.groups = Groups(settings.statements, settings.channel)
+        # The statements of groups of calls (_group) in flight.
         self._group_tasks: set[asyncio.Task[None]] = set()
 
     async def run(
@@ -199,12 +197,13 @@ class AsyncTransport:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
 
-    def start(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def start(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a group's statement in a task of its own (:meth:`close` stops it)."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._group_tasks.add(task)
         task.add_done_callback(self._group_tasks.discard)
         task.add_done_callback(_consume_outcome)
+        return task
 
     async def _attempt(self, step: _ops.Operation[_T] | _ops.Retry) -> _T:
         """One of :func:`~leasekit_postgres._ops.attempts`: ``step`` on a pooled connection."""

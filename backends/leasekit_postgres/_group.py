@@ -38,16 +38,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from . import _ops
 from ._sql import Statements
-
-if TYPE_CHECKING:
-    from ._aio import AsyncTransport
 
 __all__ = ["Group", "Groups"]
 
@@ -60,17 +57,48 @@ IN_FLIGHT = 2
 """Statements of one kind a provider has in flight at once, alone or grouped."""
 
 
+class AsyncTransport(Protocol):
+    """What a group needs of the provider's transport (``_aio.AsyncTransport``)."""
+
+    def run(
+        self,
+        operation: _ops.Operation[_T],
+        again: Callable[..., _ops.Operation[_T]] | None = None,
+        args: tuple[Any, ...] = (),
+    ) -> Coroutine[Any, Any, _T]: ...
+
+    def retry(
+        self, operation: _ops.Operation[_T], exc: BaseException
+    ) -> Coroutine[Any, Any, _T]: ...
+
+    def exchange_once(self, query: _ops.Query) -> Coroutine[Any, Any, Any]: ...
+
+    def start(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+
 class _Member:
     """A waiting call: its key, the first query its operation yielded (not sent), and
-    the future its reply (or the group's error) arrives on."""
+    the future its reply (or the group's error) arrives on; once sent, its group's
+    statement (``sending``) and whether its caller is gone."""
 
-    __slots__ = ("future", "key", "query", "sent")
+    __slots__ = ("future", "gone", "key", "query", "sending")
 
     def __init__(self, key: str, query: _ops.Query, future: asyncio.Future[Any]) -> None:
         self.key = key
         self.query = query
         self.future = future
-        self.sent = False
+        self.sending: _Sending | None = None
+        self.gone = False
+
+
+class _Sending:
+    """A group's statement in flight: its members, and the task that sends it."""
+
+    __slots__ = ("members", "task")
+
+    def __init__(self, members: list[_Member]) -> None:
+        self.members = members
+        self.task: asyncio.Task[None] | None = None
 
 
 class _Failed:
@@ -133,7 +161,6 @@ class Group:
             key = member.key
             if len(chosen) < MAX_GROUP and key not in busy:
                 busy[key] = 1
-                member.sent = True
                 chosen.append(member)
             else:
                 kept.append(member)
@@ -233,13 +260,18 @@ async def queued(  # noqa: PLR0917 (the provider's _send arguments, passed on)
     try:
         reply = await asyncio.shield(future)
     except asyncio.CancelledError:
-        if not member.sent:
+        sending = member.sending
+        if sending is None:
             # Taken out before anything was sent: nothing of it reaches the store.
             group.waiting.remove(member)
             operation.close()
             raise
         # Sent: the outcome is what the group decided for it; hand it on (to the
-        # toolkit, which undoes a grant its caller never learned of).
+        # toolkit, which undoes a grant its caller never learned of). Once every
+        # member is gone, the statement is cancelled, as a single call's would be.
+        member.gone = True
+        if sending.task is not None and all(m.gone for m in sending.members):
+            sending.task.cancel()
         reply = await asyncio.shield(future)
     if isinstance(reply, _Failed):
         return await _alone(io, reply, query, operation, again, args)
@@ -299,7 +331,10 @@ def pump(io: AsyncTransport, group: Group) -> None:
         members = group.take()
         if not members:
             return
-        io.start(_send(io, group, members))
+        sending = _Sending(members)
+        for member in members:
+            member.sending = sending
+        sending.task = io.start(_send(io, group, members))
 
 
 async def _send(io: AsyncTransport, group: Group, members: list[_Member]) -> None:

@@ -43,7 +43,7 @@ from . import _ops, _slots, _sql
 from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._blocking import BlockingTransport
 from ._blocking import own_pool as own_blocking_pool
-from ._group import Group, grouped
+from ._group import Group, Groups, grouped
 from ._notify import PostgresReleaseListener
 from ._options import (
     BACKEND,
@@ -145,6 +145,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         self._io = AsyncTransport(client, settings, owns_client=bool(close_client))
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
         self._adopt(settings)
+        # Acquires, releases and renewals that arrive together go out together (_group).
+        self._groups = Groups(settings.statements, settings.channel)
         self._sweeper: asyncio.Task[Any] | None = None
         # Release notifications: pg_notify from the releasing statement, one LISTEN
         # connection per provider outside the pool (see _notify).
@@ -262,7 +264,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
             args,
             grant=owner,
             write=True,
-            group=self._io.groups.acquire,
+            group=self._groups.acquire,
         )
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -276,7 +278,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         args = (self._sql, key, owner, self._channel)
-        group = self._io.groups.release
+        group = self._groups.release
         await self._send(_ops.release(*args), key, _ops.release, args, write=True, group=group)
 
     async def release_if_held(self, key: str, owner: str) -> bool:
@@ -286,7 +288,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         landed before the connection died would answer False the second time.
         """
         operation = _ops.release(self._sql, key, owner, self._channel)
-        return await self._send(operation, key, write=True, group=self._io.groups.release)
+        return await self._send(operation, key, write=True, group=self._groups.release)
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
@@ -298,7 +300,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         args = (self._sql, key, owner, ttl_ms)
-        group = self._io.groups.renew
+        group = self._groups.renew
         return await self._send(_ops.renew(*args), key, _ops.renew, args, write=True, group=group)
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
