@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -118,7 +119,7 @@ class Group:
     members' single queries, and ``replies`` splits its rows into each member's reply.
     """
 
-    __slots__ = ("busy", "in_flight", "params", "replies", "statement", "waiting")
+    __slots__ = ("busy", "grouped", "in_flight", "params", "replies", "statement", "waiting")
 
     def __init__(
         self,
@@ -132,6 +133,7 @@ class Group:
         self.in_flight = 0
         self.busy: dict[str, int] = {}  # keys in flight: how many statements carry each
         self.waiting: deque[_Member] = deque()
+        self.grouped = 0  # statements sent for two calls or more (for tests and curiosity)
 
     def free(self, key: str) -> bool:
         """Whether a call on ``key`` may go out now, alone."""
@@ -182,25 +184,40 @@ class Group:
 
 
 class Groups:
-    """The provider's three groups, built for its statements and notification channel."""
+    """The provider's three groups, built for its statements and notification channel.
+
+    ``lock_wait_ms``: how long a group's statement waits for a row another transaction
+    keeps locked before its members go alone.
+    """
 
     __slots__ = ("acquire", "release", "renew")
 
-    def __init__(self, sql: Statements, channel: str | None) -> None:
+    def __init__(self, sql: Statements, channel: str | None, lock_wait_ms: int) -> None:
+        extra: dict[str, Any] = {"lock_timeout": f"{lock_wait_ms}ms"}
         self.acquire = Group(
             sql.acquire_group if channel is None else sql.acquire_group_notify,
-            _acquire_params,
+            partial(_with, _acquire_params, extra),
             _rows_in_order,
         )
         if channel is None:
-            self.release = Group(sql.release_group, _release_params, _positions)
+            self.release = Group(
+                sql.release_group, partial(_with, _release_params, extra), _positions
+            )
         else:
             self.release = Group(
                 sql.release_group_notify,
-                lambda queries: {**_release_params(queries), "channel": channel},
+                partial(_with, _release_params, {**extra, "channel": channel}),
                 _positions,
             )
-        self.renew = Group(sql.renew_many, _renew_params, _positions)
+        self.renew = Group(sql.renew_group, partial(_with, _renew_params, extra), _positions)
+
+
+def _with(
+    params: Callable[[list[_ops.Query]], dict[str, Any]],
+    extra: dict[str, Any],
+    queries: list[_ops.Query],
+) -> dict[str, Any]:
+    return {**params(queries), **extra}
 
 
 def _acquire_params(queries: list[_ops.Query]) -> dict[str, Any]:
@@ -331,6 +348,8 @@ def pump(io: AsyncTransport, group: Group) -> None:
         members = group.take()
         if not members:
             return
+        if len(members) > 1:
+            group.grouped += 1
         sending = _Sending(members)
         for member in members:
             member.sending = sending

@@ -146,7 +146,9 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         super().__init__(timeout_s=settings.timeout_s, owns_client=bool(close_client))
         self._adopt(settings)
         # Acquires, releases and renewals that arrive together go out together (_group).
-        self._groups = Groups(settings.statements, settings.channel)
+        self._groups = Groups(
+            settings.statements, settings.channel, max(1, min(200, int(self.timeout_s * 100)))
+        )
         self._sweeper: asyncio.Task[Any] | None = None
         # Release notifications: pg_notify from the releasing statement, one LISTEN
         # connection per provider outside the pool (see _notify).

@@ -207,6 +207,7 @@ _ACQUIRE_GROUP = """
     WITH item AS (
         SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[], %(ttls_ms)b::int8[],
             %(metadata)b::bytea[]) WITH ORDINALITY AS item (key, owner, ttl_ms, metadata, position)
+        WHERE set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL
     ),
     granted AS (
         INSERT INTO {{table}} AS lease (key, owner, token, expires_at, metadata)
@@ -544,7 +545,12 @@ class Statements:
             )
         )
 
-        # Operations that arrive together, decided together (issue 28; see _group):
+        # Operations that arrive together, decided together (issue 28; see _group).
+        # Every group statement first sets, for its own transaction only, a
+        # %(lock_timeout)s (text, '200ms'): a row another transaction keeps locked
+        # longer fails the group (LockNotAvailable, nothing committed) and its members
+        # go alone, so one key held up elsewhere delays only its own caller.
+        #
         # %(keys)s, %(owners)s, %(ttls_ms)s, %(metadata)s, four arrays of one length,
         # keys distinct and sorted -> one row per item, in item order, each exactly
         # ACQUIRE's (token, holder, holder's metadata[, the hint's void]).
@@ -579,6 +585,7 @@ class Statements:
             WITH item AS (
                 SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[])
                     WITH ORDINALITY AS item (key, owner, position)
+                WHERE set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL
             ),
             released AS (
                 UPDATE {table} AS lease SET expires_at = clock_timestamp(), metadata = NULL
@@ -589,6 +596,22 @@ class Statements:
             )
             SELECT position{notify} FROM released
             """
+        # %(keys)s, %(owners)s, %(ttls_ms)s -> RENEW_MANY's rows, for a group of renewals.
+        self.renew_group = compose(
+            """
+            WITH item AS (
+                SELECT * FROM unnest(%(keys)b::bytea[], %(owners)b::bytea[], %(ttls_ms)b::int4[])
+                    WITH ORDINALITY AS item (key, owner, ttl_ms, position)
+                WHERE set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL
+            )
+            UPDATE {table} AS lease
+            SET expires_at = clock_timestamp() + item.ttl_ms * interval '1 millisecond'
+            FROM item
+            WHERE lease.key = item.key AND lease.owner = item.owner
+                AND lease.expires_at > clock_timestamp()
+            RETURNING item.position
+            """
+        )
         self.release_group = compose(release_group.replace("{notify}", ""))
         self.release_group_notify = compose(
             release_group.replace("{notify}", ", pg_notify(%(channel)s, encode(key, 'hex'))")
