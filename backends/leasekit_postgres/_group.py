@@ -291,6 +291,9 @@ async def queued(  # noqa: PLR0917 (the provider's _send arguments, passed on)
             sending.task.cancel()
         reply = await asyncio.shield(future)
     if isinstance(reply, _Failed):
+        if member.gone:
+            operation.close()
+            raise asyncio.CancelledError  # nothing of it committed, and nobody waits
         return await _alone(io, reply, query, operation, again, args)
     try:
         follow_up = operation.send(reply)
