@@ -137,7 +137,7 @@ class AsyncTransport:
             None if settings.synchronous_commit is None else weakref.WeakKeyDictionary()
         )
         # The statements of groups of calls (_group) in flight.
-        self._group_tasks: set[asyncio.Task[None]] = set()
+        self._group_tasks: set[asyncio.Task[Any]] = set()
 
     async def run(
         self,
@@ -197,7 +197,7 @@ class AsyncTransport:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
 
-    def start(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def start(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a group's statement in a task of its own (:meth:`close` stops it)."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._group_tasks.add(task)
@@ -363,7 +363,7 @@ def _one(query: _ops.Query) -> _ops.Operation[Any]:
     return reply
 
 
-def _consume_outcome(task: asyncio.Task[None]) -> None:
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # handed to the group's members already
 

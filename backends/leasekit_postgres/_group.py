@@ -74,7 +74,7 @@ class AsyncTransport(Protocol):
 
     def exchange_once(self, query: _ops.Query) -> Coroutine[Any, Any, Any]: ...
 
-    def start(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+    def start(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
 
 class _Member:
@@ -293,7 +293,7 @@ async def queued(  # noqa: PLR0917 (the provider's _send arguments, passed on)
     if isinstance(reply, _Failed):
         if member.gone:
             operation.close()
-            raise asyncio.CancelledError  # nothing of it committed, and nobody waits
+            raise asyncio.CancelledError  # nobody waits: the toolkit takes it as unknown
         return await _alone(io, reply, query, operation, again, args)
     try:
         follow_up = operation.send(reply)
@@ -356,27 +356,32 @@ def pump(io: AsyncTransport, group: Group) -> None:
         sending = _Sending(members)
         for member in members:
             member.sending = sending
-        sending.task = io.start(_send(io, group, members))
+        sending.task = task = io.start(_send(io, group, members))
+        # A callback, not the task's own code: it runs even if the task is cancelled
+        # before its first step.
+        task.add_done_callback(partial(_sent, io, group, members))
 
 
-async def _send(io: AsyncTransport, group: Group, members: list[_Member]) -> None:
-    """Send ``members`` as one statement (one member: its own) and hand out the replies."""
-    try:
-        if len(members) == 1:
-            replies: list[Any] = [await io.exchange_once(members[0].query)]
-        else:
-            members.sort(key=_by_key)
-            queries = [member.query for member in members]
-            grouped = _ops.Query(group.statement, group.params(queries), "rows")
-            replies = group.replies(await io.exchange_once(grouped), len(members))
-    except BaseException as exc:  # each member answers for itself, see _alone
-        failed = _Failed(exc, alone=len(members) == 1)
-        replies = [failed] * len(members)
-        if not isinstance(exc, Exception):
-            _hand_out(members, replies)
-            group.done(members)
-            pump(io, group)
-            raise
+async def _send(io: AsyncTransport, group: Group, members: list[_Member]) -> list[Any]:
+    """Send ``members`` as one statement (one member: its own); each member's reply."""
+    if len(members) == 1:
+        return [await io.exchange_once(members[0].query)]
+    members.sort(key=_by_key)
+    queries = [member.query for member in members]
+    grouped = _ops.Query(group.statement, group.params(queries), "rows")
+    return group.replies(await io.exchange_once(grouped), len(members))
+
+
+def _sent(
+    io: AsyncTransport, group: Group, members: list[_Member], task: asyncio.Task[Any]
+) -> None:
+    """A group's statement ended: hand out the replies (or the failure), free its keys."""
+    if task.cancelled():
+        replies: list[Any] = [_Failed(asyncio.CancelledError(), alone=True)] * len(members)
+    elif (error := task.exception()) is not None:
+        replies = [_Failed(error, alone=len(members) == 1)] * len(members)
+    else:
+        replies = task.result()
     _hand_out(members, replies)
     group.done(members)
     pump(io, group)
