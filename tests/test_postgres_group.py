@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover
 
 from leasekit_postgres import PostgresLeaseProvider
 from leasekit_postgres._group import IN_FLIGHT
+from leasekit_postgres._sql import GRANT_PREFIX, channel_for
 
 pytestmark = pytest.mark.anyio
 
@@ -246,3 +247,34 @@ async def test_duplicate_keys_in_flight_are_decided_in_arrival_order(
         blocker.rollback()
         assert await asyncio.gather(*blocked) == [True] * IN_FLIGHT
         assert await asyncio.gather(*releases) == [False, True, False]
+
+
+async def test_a_group_sends_each_grant_hint_and_release_notification_once(
+    provider: PostgresLeaseProvider, postgres_url: str, postgres_table: str
+) -> None:
+    p = provider
+    held = [f"held-{i}" for i in range(IN_FLIGHT)]
+    await make_rows(p, held)
+    assert (await p.acquire_lease("mine", "a", LONG_MS)).acquired
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(postgres_table))))
+        with rows_locked(postgres_url, postgres_table, held) as blocker:
+            blocked = await held_up(p)
+            calls = [
+                asyncio.ensure_future(p.acquire_lease(key, "a", LONG_MS))
+                for key in ["new-1", "new-2", "mine"]  # two grants, one refresh
+            ]
+            await eventually(lambda: len(p._groups.acquire.waiting) == 3, "three waiting")
+            blocker.rollback()
+            await asyncio.gather(*blocked)
+            assert all(r.acquired for r in await asyncio.gather(*calls))
+        assert p._groups.acquire.grouped >= 1
+        released = await asyncio.gather(
+            *(p.release_if_held(key, "a") for key in ["new-1", "new-2", "mine", "nothing"])
+        )
+        assert released == [True, True, True, False]
+        payloads = sorted(n.payload for n in listener.notifies(timeout=1.0))
+    hinted = [f"{GRANT_PREFIX}{key.encode().hex()}" for key in ["new-1", "new-2"]]
+    blocked_hints = [f"{GRANT_PREFIX}{key.encode().hex()}" for key in held]
+    releases = [key.encode().hex() for key in ["new-1", "new-2", "mine"]]
+    assert payloads == sorted([*hinted, *blocked_hints, *releases])
