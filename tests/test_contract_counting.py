@@ -3,7 +3,7 @@
 ``leasekit.counting(provider, limit=1)`` maps the five contract methods onto the slot
 methods (``acquire_slot`` and the rest), so with one slot it must behave exactly as a
 single-holder lease, fencing and concurrency included: the suite runs on it over
-``memory://`` and PostgreSQL (several processes too), through the async
+``memory://``, SQLite and PostgreSQL (several processes too), through the async
 provider and through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are
 checked by the suite's ``SlotChecks`` on each backend (Redis and MySQL included).
 """
@@ -32,10 +32,7 @@ def one_slot_blocking(url: str) -> leasekit.sync.SyncLeaseProvider:
     return leasekit.sync.wrap(one_slot(url), close=True)
 
 
-# SQLite is left out for now: once in a CI rehearsal its churning processes saw
-# transfer_slot refuse a holder before its TTL could have run out (issue 26's note;
-# SlotChecks still run on SQLite).
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "sqlite"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://counting-{uuid.uuid4().hex}"

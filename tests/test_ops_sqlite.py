@@ -362,3 +362,51 @@ def test_the_operations_keep_tokens_rising_across_release_and_sweep() -> None:
     assert again.token is not None
     assert again.token > first.token + 1  # above the transfer's token, though swept
     conn.close()
+
+
+@pytest.mark.parametrize("action", ["reacquire", "transfer"])
+def test_a_slot_that_runs_out_between_a_transactions_read_and_write_stays_the_callers(
+    action: str,
+) -> None:
+    """SQLite reads its clock afresh for each statement: a holder's slot can be live when
+    its acquire or transfer reads the key's state and past its last millisecond when the
+    same transaction writes. No other writer can come in between, so the slot is still
+    the caller's: the acquire that answers "granted" must have reset its TTL (it left
+    the slot expired, so the holder was refused its next transfer before the TTL it was
+    told of could run out), and the transfer must hand it on. The clock's step is made
+    here by moving the slot's expiry into the past right after the state is read."""
+    from leasekit_sqlite import _slots  # noqa: PLC0415
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    expire_after_state = False
+
+    def exchange(query: _ops.Query) -> Any:
+        cursor = conn.execute(query.statement, query.params)
+        if query.reads == "rowcount":
+            reply: Any = cursor.rowcount
+        else:
+            reply = cursor.fetchone() if query.reads == "one" else cursor.fetchall()
+        if expire_after_state and query.statement == _sql.SLOT_STATE:
+            conn.execute(f"UPDATE leasekit_slots SET expires_at_ms = {_sql.NOW_MS} - 1")
+        return reply
+
+    drive(_ops.prepare(":memory:", create=True), exchange)
+    granted = drive(_slots.acquire_slot("k", "a", 60_000, 1), exchange)
+    assert granted.acquired
+    expire_after_state = True
+    if action == "reacquire":
+        again = drive(_slots.acquire_slot("k", "a", 60_000, 1), exchange)
+        assert (again.acquired, again.token) == (True, granted.token)
+        expire_after_state = False
+        (record,) = drive(_slots.slot_holders("k"), exchange)
+        assert (record.owner, record.token) == ("a", granted.token)
+        assert record.remaining_ms > 50_000
+    else:
+        assert drive(_slots.transfer_slot("k", "a", "b", 60_000), exchange)
+        expire_after_state = False
+        (record,) = drive(_slots.slot_holders("k"), exchange)
+        assert record.owner == "b"
+        assert record.token is not None
+        assert granted.token is not None
+        assert record.token > granted.token
+    conn.close()

@@ -62,7 +62,7 @@ def _acquire_slot(
         # Raised inside the transaction: it rolls back, so nothing is written.
         raise SlotLimitMismatch(key=key, limit=limit, stored_limit=stored_limit)
     if mine is not None and (mine_exclusive or not exclusive):
-        yield Query(_sql.SLOT_RENEW, params, "rowcount")  # the caller's own, as it holds it
+        yield Query(_sql.SLOT_REFRESH, params, "rowcount")  # the caller's own, as it holds it
         return SlotResult(True, owner, int(mine), int(held), limit, (), bool(mine_exclusive))
     claimant = None if claim is None else bytes(claim).decode()
     others = int(held) - (mine is not None)

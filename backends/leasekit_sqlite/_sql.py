@@ -301,10 +301,22 @@ SLOT_HOLDERS = f"""
     ORDER BY token LIMIT :holders
 """
 
-# :key, :from_owner, :to_owner, :token, :ttl_ms. The caller's slot, handed on.
+# :key, :from_owner, :to_owner, :token, :ttl_ms. The caller's slot, handed on. Run in
+# the transaction that found the slot live: no expiry test here, as SQLite reads the
+# clock afresh for each statement, and a slot that ran out between the two reads was
+# still the caller's (no other writer came in between; see SLOT_REFRESH).
 SLOT_TRANSFER = f"""
     UPDATE leasekit_slots SET owner = :to_owner, token = :token, expires_at_ms = {NOW_MS} + :ttl_ms
-    WHERE key = :key AND owner = :from_owner AND expires_at_ms > {NOW_MS}
+    WHERE key = :key AND owner = :from_owner
+"""
+
+# :key, :owner, :ttl_ms. An acquire by a holder, in the transaction that found its slot
+# live: the TTL reset with no expiry test. With SLOT_RENEW's test, a slot whose last
+# millisecond passed between that read and this write stayed expired while the acquire
+# answered "granted, same token" (a churning process was then refused its transfer
+# before the TTL it had been given could run out).
+SLOT_REFRESH = f"""
+    UPDATE leasekit_slots SET expires_at_ms = {NOW_MS} + :ttl_ms WHERE key = :key AND owner = :owner
 """
 
 # :key, :token. The last token, after a transfer issued one.
