@@ -17,7 +17,8 @@ What each caller keeps:
 - **Arrival order per key.** A group holds distinct keys; a call on a key that a
   statement of its kind in flight, or the group being formed, already carries waits for
   the next group. So calls on one key are decided in the order they were made.
-  Keys are sorted in the statement, so every group locks its rows in one order.
+  Keys are sorted in the statement, so every acquire group locks its rows in one
+  order (a release or renewal group locks them in its plan's order; see ``_sql``).
 - **Its own deadline.** A caller whose deadline passes (or who is cancelled) while it
   waits is taken out before anything is sent, and nothing of it reaches the store; once
   its group is sent, the call goes on in the background (``_call_detached``) and hands

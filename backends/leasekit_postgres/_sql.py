@@ -579,6 +579,11 @@ class Statements:
         )
         # %(keys)s, %(owners)s (distinct keys, sorted) -> one row (i,) per released
         # item, 1-based: RELEASE for each item, in one statement and one transaction.
+        # Rows are locked in the order the plan visits them, as RENEW_MANY's (the
+        # items' key order when it drives from them, as on a large table; a small
+        # table's hash join goes by the table's order): a deadlock with another
+        # statement fails one of them, or the lock timeout ends the wait, and the
+        # group's members go alone.
         # The _notify twin also takes %(channel)s and notifies each released key's
         # waiters, as RELEASE_NOTIFY does.
         release_group = """
