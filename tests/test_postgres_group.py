@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover
     missing_extra("postgres", "the PostgreSQL tests")
 
 from leasekit_postgres import PostgresLeaseProvider
-from leasekit_postgres._group import IN_FLIGHT
+from leasekit_postgres._group import IN_FLIGHT, Groups
 from leasekit_postgres._sql import GRANT_PREFIX, channel_for
 
 pytestmark = pytest.mark.anyio
@@ -278,3 +279,42 @@ async def test_a_group_sends_each_grant_hint_and_release_notification_once(
     blocked_hints = [f"{GRANT_PREFIX}{key.encode().hex()}" for key in held]
     releases = [key.encode().hex() for key in ["new-1", "new-2", "mine"]]
     assert payloads == sorted([*hinted, *blocked_hints, *releases])
+
+
+async def test_a_group_whose_connection_dies_retries_each_caller_by_its_own_policy(
+    postgres_url: str, postgres_table: str
+) -> None:
+    app = f"leasekit-group-{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}application_name={app}"
+    async with PostgresLeaseProvider.from_url(url, table=postgres_table, timeout_s=5.0) as p:
+        # The group waits on a locked row for as long as the test needs.
+        p._groups = Groups(p._settings.statements, p._settings.channel, 60_000)
+        held = [f"held-{i}" for i in range(IN_FLIGHT)]
+        await make_rows(p, [*held, "locked"])
+        with rows_locked(postgres_url, postgres_table, ["locked"]) as locker:
+            with rows_locked(postgres_url, postgres_table, held) as blocker:
+                blocked = await held_up(p)
+                calls = [
+                    asyncio.ensure_future(p.acquire_lease(key, "a", LONG_MS))
+                    for key in ["free", "locked"]
+                ]
+                await eventually(lambda: len(p._groups.acquire.waiting) == 2, "two waiting")
+                blocker.rollback()
+                await asyncio.gather(*blocked)
+            await eventually(lambda: p._groups.acquire.grouped == 1, "the group sent")
+            with psycopg.connect(postgres_url, autocommit=True) as admin:
+                query = (
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = %s AND state = 'active' AND query LIKE %s"
+                )
+                deadline = time.monotonic() + 10
+                while not admin.execute(query, (app, "%unnest%")).fetchall():
+                    assert time.monotonic() < deadline, "the group's statement never ran"
+                    await asyncio.sleep(0.01)
+            # Each acquire runs once more on a fresh connection, alone: "free" at once,
+            # "locked" once the row is free.
+            free = await calls[0]
+            assert free.acquired
+            locker.rollback()
+            assert (await calls[1]).acquired
+        assert await p.get_lease_owner("locked") == "a"
