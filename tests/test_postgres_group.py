@@ -9,8 +9,11 @@ gets, and what the store holds, is then checked.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -318,3 +321,46 @@ async def test_a_group_whose_connection_dies_retries_each_caller_by_its_own_poli
             locker.rollback()
             assert (await calls[1]).acquired
         assert await p.get_lease_owner("locked") == "a"
+
+
+async def test_a_child_forked_while_calls_are_held_up_has_groups_of_its_own(
+    provider: PostgresLeaseProvider, postgres_url: str, postgres_table: str
+) -> None:
+    p = provider
+    held = [f"held-{i}" for i in range(IN_FLIGHT)]
+    await make_rows(p, held)
+    with rows_locked(postgres_url, postgres_table, held) as blocker:
+        blocked = await held_up(p)  # the parent's acquires in flight: its groups are full
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+            os.close(read_fd)
+
+            async def child() -> bool:
+                try:
+                    return (await p.acquire_lease("child", "c", LONG_MS)).acquired
+                finally:
+                    await p.aclose()
+
+            try:
+                answer = b"1" if asyncio.run(child()) else b"0"
+            except BaseException:
+                answer = b"E"
+            os.write(write_fd, answer)
+            os._exit(0)
+        os.close(write_fd)
+        deadline = time.monotonic() + 20
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):  # noqa: ASYNC222 (WNOHANG: never blocks)
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)  # noqa: ASYNC222 (killed: returns at once)
+                break
+            await asyncio.sleep(0.02)
+        with os.fdopen(read_fd, "rb") as stream:
+            answer = stream.read()
+        blocker.rollback()
+        await asyncio.gather(*blocked)
+    assert answer == b"1"
+    assert await p.get_lease_owner("child") == "c"

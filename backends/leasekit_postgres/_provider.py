@@ -43,7 +43,7 @@ from . import _ops, _slots, _sql
 from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._blocking import BlockingTransport
 from ._blocking import own_pool as own_blocking_pool
-from ._group import Group, Groups, grouped
+from ._group import Groups, grouped
 from ._notify import PostgresReleaseListener
 from ._options import (
     BACKEND,
@@ -199,14 +199,16 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         *,
         grant: Grant | None = None,
         write: bool = False,
-        group: Group | None = None,
+        group: str | None = None,
     ) -> Awaitable[_T]:
         """Run ``operation`` (built, so validated) through the transport, bounded.
 
         ``again(*args)`` builds it anew for the one retry on a lost connection (``None``:
         not retried). ``grant``: the owner an acquire or transfer may grant ``key`` to.
-        ``group``: the kind of call that, arriving with others of its kind, is decided
-        with them in one statement (``_group``).
+        ``group``: the kind of call (``"acquire"``, ``"release"``, ``"renew"``) that,
+        arriving with others of its kind, is decided with them in one statement
+        (``_group``); named, not passed, since a provider rebuilt below (a fork, a new
+        loop) has groups of its own.
         """
         # Before the transport is touched: in a forked child (or on a new loop) the
         # provider builds itself anew here, with a transport of its own.
@@ -218,7 +220,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         if group is None or key is None:
             call = self._io.run(operation, again, args)
         else:
-            call = grouped(self._io, group, key, operation, again, args)
+            call = grouped(self._io, getattr(self._groups, group), key, operation, again, args)
         if grant is not None and self._undos and key is not None:
             return self._after_undo_then(key, grant, call)
         return self._call_detached(call, key, grant)
@@ -266,7 +268,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
             args,
             grant=owner,
             write=True,
-            group=self._groups.acquire,
+            group="acquire",
         )
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
@@ -280,8 +282,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def release_lease(self, key: str, owner: str) -> None:
         args = (self._sql, key, owner, self._channel)
-        group = self._groups.release
-        await self._send(_ops.release(*args), key, _ops.release, args, write=True, group=group)
+        await self._send(_ops.release(*args), key, _ops.release, args, write=True, group="release")
 
     async def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``).
@@ -290,7 +291,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         landed before the connection died would answer False the second time.
         """
         operation = _ops.release(self._sql, key, owner, self._channel)
-        return await self._send(operation, key, write=True, group=self._groups.release)
+        return await self._send(operation, key, write=True, group="release")
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
@@ -302,8 +303,7 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         args = (self._sql, key, owner, ttl_ms)
-        group = self._groups.renew
-        return await self._send(_ops.renew(*args), key, _ops.renew, args, write=True, group=group)
+        return await self._send(_ops.renew(*args), key, _ops.renew, args, write=True, group="renew")
 
     async def renew_leases(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew many leases in one statement (``leasekit.backend.SupportsRenewMany``).
