@@ -12,11 +12,13 @@ connection's write lock outlasts it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -29,6 +31,14 @@ from ._options import BACKEND, DatabaseLocked, DatabaseUnavailable, SQLiteSettin
 __all__ = ["Connection"]
 
 _T = TypeVar("_T")
+
+# run_together's statements: one transaction, a savepoint per operation.
+_GROUP_BEGIN = _ops.Query(_sql.BEGIN, reads="rowcount")
+_GROUP_COMMIT = _ops.Query(_sql.COMMIT, reads="rowcount")
+_SAVEPOINT = "SAVEPOINT leasekit_operation"
+_RELEASE = "RELEASE leasekit_operation"
+_ROLLBACK_TO = "ROLLBACK TO leasekit_operation"
+_ROLLBACK_TO_QUERY = _ops.Query(_ROLLBACK_TO, reads="rowcount")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -62,24 +72,74 @@ class Connection:
 
     def run(self, operation: _ops.Op[_T], deadline: float) -> _T:
         """Drive ``operation`` to its result, no wait past ``deadline`` (``time.monotonic``)."""
-        if self._shut:
+        try:
+            self._ready(deadline)
+        except BaseException:
             operation.close()
+            raise
+        return drive(operation, self._exchange)
+
+    def run_together(
+        self, operations: Sequence[_ops.Op[Any]], deadline: float
+    ) -> list[tuple[bool, Any]]:
+        """Drive write operations in one transaction: one write lock and one sync for all.
+
+        Group commit: ``BEGIN IMMEDIATE``, then each operation in a savepoint of its own
+        (its own ``BEGIN IMMEDIATE`` ... ``COMMIT`` becomes that savepoint, its
+        ``ROLLBACK`` a rollback to it), then one ``COMMIT``. Each is decided on its own,
+        in order, seeing what the ones before it wrote; one that raises is rolled back
+        alone and gets its error, ``(False, exc)``, and the others their results,
+        ``(True, value)``, once the ``COMMIT`` has succeeded. What fails the transaction
+        itself (the write lock not had by ``deadline``, a failed ``COMMIT``, an I/O error
+        that ends the transaction) concerns every operation in it, and is raised.
+        """
+        try:
+            conn = self._ready(deadline)
+        except BaseException:
+            for operation in operations:
+                operation.close()
+            raise
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            self._exchange(_GROUP_BEGIN)
+            for operation in operations:
+                conn.execute(_SAVEPOINT)
+                try:
+                    value = drive(operation, self._exchange_in_group)
+                except Exception as exc:  # the caller's, handed back to it
+                    if not conn.in_transaction:
+                        raise  # the error ended the transaction: every write in it is gone
+                    conn.execute(_ROLLBACK_TO)
+                    conn.execute(_RELEASE)
+                    outcomes.append((False, exc))
+                else:
+                    conn.execute(_RELEASE)
+                    outcomes.append((True, value))
+            self._exchange(_GROUP_COMMIT)
+        except BaseException:
+            for operation in operations[len(outcomes) :]:
+                operation.close()
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute(_sql.ROLLBACK)
+            raise
+        return outcomes
+
+    def _ready(self, deadline: float) -> sqlite3.Connection:
+        """The open connection, its busy timeout within ``deadline``, no transaction open."""
+        if self._shut:
             raise LeaseProviderClosed(backend=BACKEND)
         self._deadline = deadline
         conn = self._conn
         if conn is None:
-            try:
-                conn = self._conn = self._open()
-            except BaseException:
-                operation.close()
-                raise
+            conn = self._conn = self._open()
         else:
             self._set_busy_timeout(conn)
             if conn.in_transaction:
                 # Left open by a ROLLBACK that failed: the autocommit statements would
                 # run inside it and never commit.
                 conn.execute(_sql.ROLLBACK)
-        return drive(operation, self._exchange)
+        return conn
 
     def close(self) -> None:
         """Close the connection for good: later operations raise ``LeaseProviderClosed``."""
@@ -104,6 +164,16 @@ class Connection:
         if reads == "one":
             return cursor.fetchone()
         return cursor.fetchall()
+
+    def _exchange_in_group(self, query: _ops.Query) -> Any:
+        # Inside run_together's transaction: an operation's own transaction is its savepoint.
+        statement = query.statement
+        if statement in (_sql.BEGIN, _sql.COMMIT):
+            return 0
+        if statement == _sql.ROLLBACK:
+            self._exchange(_ROLLBACK_TO_QUERY)
+            return 0
+        return self._exchange(query)
 
     def _retry_busy(
         self, conn: sqlite3.Connection, query: _ops.Query, exc: sqlite3.OperationalError

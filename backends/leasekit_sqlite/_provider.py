@@ -123,7 +123,7 @@ class SQLiteLeaseProvider(_OnFile, BackendProvider):
     ) -> Coroutine[Any, Any, _T]:
         self._refuse_if_closed()
         operation = self._sweeper.after_write(operation)
-        return self._call(self._connection.run(operation), key, grant)
+        return self._call(self._connection.run(operation, write=True), key, grant)
 
     # -- the contract -------------------------------------------------------------------
 

@@ -224,15 +224,13 @@ class BackendProvider(ProviderBase):
         call may grant ``key`` to; cancelled, the call is undone (:meth:`_start_undo`).
         """
         if self._closing and not UNDOING.get():
-            if inspect.iscoroutine(awaitable):
-                awaitable.close()  # never started: no "was never awaited" warning
+            _drop(awaitable)
             raise LeaseProviderClosed(self._closed_reason, backend=self.backend)
         if _running_loop() is not self._loop:
             try:
                 self._enter_loop()
             except BaseException:
-                if inspect.iscoroutine(awaitable):
-                    awaitable.close()
+                _drop(awaitable)
                 raise
         deadlines = self._deadlines
         watch = deadlines.open()
@@ -708,6 +706,18 @@ async def _after(earlier: set[asyncio.Future[Any]], coroutine: Coroutine[Any, An
         coroutine.close()
         raise
     return await coroutine
+
+
+def _drop(awaitable: Awaitable[Any]) -> None:
+    """An awaitable the call will not await: never started, or, a future, cancelled.
+
+    A coroutine is closed (no "was never awaited" warning). A future stands for work
+    the driver has queued already (the SQLite transport's group commit): cancelled, the
+    driver drops that work before it starts."""
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
+    elif isinstance(awaitable, asyncio.Future):
+        awaitable.cancel()
 
 
 def _answered(yielded: object) -> bool:
