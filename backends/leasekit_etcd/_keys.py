@@ -20,6 +20,12 @@ key's records fall into that range: ``\\x00`` -> ``\\x01\\x01``, ``\\x01`` ->
 ``\\x01\\x02``, every other byte kept. The mapping is prefix-free and keeps byte order,
 so etcd's key order is lease-key order, and the records of the keys that start with
 ``p`` form the range of names starting with ``<prefix><escaped p>`` (``inspect``).
+
+A counting lease on ``k`` (``_slots``) lives apart, in the *slot range*
+``S(k) = [<prefix>\\xff<escaped k>\\x00, <prefix>\\xff<escaped k>\\x01)``: an escaped
+key is UTF-8, which never holds the byte ``\\xff``, so no lease record falls into any
+slot range, nor a slot name into any holder range or into ``inspect``'s ranges of keys
+starting with a prefix (a listing of everything reads past them and skips them).
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ __all__ = [
     "range_end",
     "record_name",
     "record_value",
+    "slot_range",
     "split_record_name",
     "split_record_value",
 ]
 
 SEPARATOR = b"\x00"
+SLOTS = b"\xff"  # starts a slot range: never a byte of an escaped (UTF-8) key
 
 _ESCAPE = {0: b"\x01\x01", 1: b"\x01\x02"}
 _UNESCAPE = {1: 0, 2: 1}
@@ -83,6 +91,12 @@ def record_name(prefix: bytes, key: str, owner: str) -> bytes:
 def holder_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
     """``(start, end)`` of the range holding every record of ``key`` (at most one)."""
     start = prefix + _escape(key) + SEPARATOR
+    return start, range_end(start)
+
+
+def slot_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
+    """``(start, end)`` of every name of the counting lease on ``key`` (``_slots``)."""
+    start = prefix + SLOTS + _escape(key) + SEPARATOR
     return start, range_end(start)
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "blocking_secure_channel",
     "compare_create",
     "compare_exists",
+    "compare_mod",
     "compare_value",
     "delete_op",
     "insecure_channel",
@@ -176,6 +177,13 @@ def compare_exists(key: bytes) -> Request:
     """True when ``key`` exists, whatever its value (its ``create_revision`` is set)."""
     return _pb.Compare(
         key=key, target=_pb.Compare.CREATE, result=_pb.Compare.GREATER, create_revision=0
+    )
+
+
+def compare_mod(key: bytes, mod_revision: int) -> Request:
+    """True when ``key`` was last written at ``mod_revision`` (0: ``key`` does not exist)."""
+    return _pb.Compare(
+        key=key, target=_pb.Compare.MOD, result=_pb.Compare.EQUAL, mod_revision=mod_revision
     )
 
 
