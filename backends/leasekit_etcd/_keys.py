@@ -26,6 +26,8 @@ A counting lease on ``k`` (``_slots``) lives apart, in the *slot range*
 key is UTF-8, which never holds the byte ``\\xff``, so no lease record falls into any
 slot range, nor a slot name into any holder range or into ``inspect``'s ranges of keys
 starting with a prefix (a listing of everything reads past them and skips them).
+The line of fair waiters for the lease on ``k`` (``_fair``) is the *line range*
+``L(k)``, the same with ``\\xfe`` (another byte UTF-8 never holds) for ``\\xff``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "range_end",
     "record_name",
     "record_value",
+    "line_range",
     "slot_range",
     "split_record_name",
     "split_record_value",
@@ -44,6 +47,7 @@ __all__ = [
 
 SEPARATOR = b"\x00"
 SLOTS = b"\xff"  # starts a slot range: never a byte of an escaped (UTF-8) key
+LINE = b"\xfe"  # starts a line range: nor is this
 
 _ESCAPE = {0: b"\x01\x01", 1: b"\x01\x02"}
 _UNESCAPE = {1: 0, 2: 1}
@@ -97,6 +101,12 @@ def holder_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
 def slot_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
     """``(start, end)`` of every name of the counting lease on ``key`` (``_slots``)."""
     start = prefix + SLOTS + _escape(key) + SEPARATOR
+    return start, range_end(start)
+
+
+def line_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
+    """``(start, end)`` of the places in the line of waiters for ``key`` (``_fair``)."""
+    start = prefix + LINE + _escape(key) + SEPARATOR
     return start, range_end(start)
 
 

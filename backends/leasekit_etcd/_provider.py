@@ -1,5 +1,8 @@
 """The etcd providers' lifecycles: ``EtcdLeaseProvider`` (asyncio), ``EtcdSyncLeaseProvider``.
 
+One module, over 500 lines: both providers' lifecycles and their extras (records,
+slots, the line of waiters) side by side.
+
 Both run the operations of ``_ops`` (the layout, the transactions, each operation's
 round trips), the async one on grpc.aio (``_aio``), the blocking one on grpc's blocking
 channels (``_blocking``). Expiry is etcd's: the leader revokes the etcd lease when its

@@ -43,6 +43,7 @@ __all__ = [
     "blocking_insecure_channel",
     "blocking_secure_channel",
     "compare_create",
+    "compare_created_after",
     "compare_exists",
     "compare_mod",
     "compare_value",
@@ -170,6 +171,20 @@ def compare_create(key: bytes, end: bytes, create_revision: int) -> Request:
         target=_pb.Compare.CREATE,
         result=_pb.Compare.EQUAL,
         create_revision=create_revision,
+    )
+
+
+def compare_created_after(key: bytes, end: bytes, revision: int) -> Request:
+    """True when every key in ``[key, end)`` was created after ``revision``.
+
+    An empty range is false: etcd compares it as one record of ``create_revision`` 0.
+    """
+    return _pb.Compare(
+        key=key,
+        range_end=end,
+        target=_pb.Compare.CREATE,
+        result=_pb.Compare.GREATER,
+        create_revision=revision,
     )
 
 
