@@ -35,11 +35,11 @@ from __future__ import annotations
 __all__ = [
     "SEPARATOR",
     "holder_range",
+    "line_range",
     "prefix_range",
     "range_end",
     "record_name",
     "record_value",
-    "line_range",
     "slot_range",
     "split_record_name",
     "split_record_value",

@@ -76,6 +76,8 @@ CAPABILITIES = Capabilities(
     # Slots under a range of their own, each on its own etcd lease; a grant is a read
     # and a transaction that compares the key's generation (_slots).
     slots=True,
+    # A line of places under a range of their own, in create_revision order (_fair).
+    fair_waiting=True,
 )
 
 

@@ -37,7 +37,7 @@ from leasekit.backend import (
     SyncBackendProvider,
 )
 
-from . import _aio, _blocking, _ops, _slots
+from . import _aio, _blocking, _fair, _ops, _slots
 from ._keys import holder_range
 from ._members import SETTLE_S, GrpcState
 from ._notify import EtcdReleaseListener, WatchStream
@@ -238,6 +238,25 @@ class EtcdLeaseProvider(BackendProvider):
         operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata)
         return await self._run(key, operation, owner)
 
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        The key's holder and its line read side by side, then (in the caller's turn)
+        one transaction that compares both, or the caller's place kept (see ``_fair``).
+        """
+        operation = _fair.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
+        return await self._run(key, operation, owner)
+
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key``, ``None`` if free (``SupportsRecords``): a range read
         of its record and its etcd lease's time left (whole seconds, rounded down), side
@@ -430,6 +449,21 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
         self, key: str, owner: str, ttl_ms: int, *, metadata: bytes | str | None = None
     ) -> LeaseResult:
         return self._run(_ops.acquire(self._ctx, key, owner, ttl_ms, metadata), key)
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`EtcdLeaseProvider.acquire_lease_in_turn`."""
+        operation = _fair.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
+        return self._run(operation, key)
 
     def get_lease_record(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key``, ``None`` if free, as
