@@ -3,7 +3,7 @@
 ``leasekit.counting(provider, limit=1)`` maps the five contract methods onto the slot
 methods (``acquire_slot`` and the rest), so with one slot it must behave exactly as a
 single-holder lease, fencing and concurrency included: the suite runs on it over
-``memory://`` and PostgreSQL (several processes too), through the async
+``memory://``, PostgreSQL and etcd (several processes too), through the async
 provider and through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are
 checked by the suite's ``SlotChecks`` on each backend (Redis and MySQL included).
 """
@@ -35,7 +35,7 @@ def one_slot_blocking(url: str) -> leasekit.sync.SyncLeaseProvider:
 # SQLite is left out for now: once in a CI rehearsal its churning processes saw
 # transfer_slot refuse a holder before its TTL could have run out (issue 26's note;
 # SlotChecks still run on SQLite).
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "etcd"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://counting-{uuid.uuid4().hex}"
@@ -43,6 +43,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         server: str = request.getfixturevalue("postgres_url")
         table: str = request.getfixturevalue("postgres_table")
         return f"{server}{'&' if '?' in server else '?'}table={table}"
+    if request.param == "etcd":
+        etcd: str = request.getfixturevalue("etcd_url")
+        return f"{etcd}?prefix={request.getfixturevalue('etcd_prefix')}"
     return f"sqlite:///{tmp_path}/counting.db"
 
 
