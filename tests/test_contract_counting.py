@@ -3,7 +3,7 @@
 ``leasekit.counting(provider, limit=1)`` maps the five contract methods onto the slot
 methods (``acquire_slot`` and the rest), so with one slot it must behave exactly as a
 single-holder lease, fencing and concurrency included: the suite runs on it over
-``memory://``, SQLite and PostgreSQL (several processes too), through the async
+``memory://``, SQLite, PostgreSQL and etcd (several processes too), through the async
 provider and through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are
 checked by the suite's ``SlotChecks`` on each backend (Redis and MySQL included).
 """
@@ -32,7 +32,7 @@ def one_slot_blocking(url: str) -> leasekit.sync.SyncLeaseProvider:
     return leasekit.sync.wrap(one_slot(url), close=True)
 
 
-@pytest.fixture(params=["memory", "postgres", "sqlite"])
+@pytest.fixture(params=["memory", "postgres", "sqlite", "etcd"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://counting-{uuid.uuid4().hex}"
@@ -40,6 +40,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         server: str = request.getfixturevalue("postgres_url")
         table: str = request.getfixturevalue("postgres_table")
         return f"{server}{'&' if '?' in server else '?'}table={table}"
+    if request.param == "etcd":
+        etcd: str = request.getfixturevalue("etcd_url")
+        return f"{etcd}?prefix={request.getfixturevalue('etcd_prefix')}"
     return f"sqlite:///{tmp_path}/counting.db"
 
 

@@ -28,10 +28,13 @@ pytestmark = pytest.mark.anyio
 LONG_MS = 60_000
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "etcd"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://slots-{uuid.uuid4().hex}"  # named: every provider of it shares it
+    if request.param == "etcd":
+        server: str = request.getfixturevalue("etcd_url")
+        return f"{server}?prefix={request.getfixturevalue('etcd_prefix')}"
     return f"sqlite:///{tmp_path}/slots.db"
 
 

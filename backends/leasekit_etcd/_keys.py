@@ -20,6 +20,14 @@ key's records fall into that range: ``\\x00`` -> ``\\x01\\x01``, ``\\x01`` ->
 ``\\x01\\x02``, every other byte kept. The mapping is prefix-free and keeps byte order,
 so etcd's key order is lease-key order, and the records of the keys that start with
 ``p`` form the range of names starting with ``<prefix><escaped p>`` (``inspect``).
+
+A counting lease on ``k`` (``_slots``) lives apart, in the *slot range*
+``S(k) = [<prefix>\\xff<escaped k>\\x00, <prefix>\\xff<escaped k>\\x01)``: an escaped
+key is UTF-8, which never holds the byte ``\\xff``, so no lease record falls into any
+slot range, nor a slot name into any holder range or into ``inspect``'s ranges of keys
+starting with a prefix (a listing of everything reads past them and skips them).
+The line of fair waiters for the lease on ``k`` (``_fair``) is the *line range*
+``L(k)``, the same with ``\\xfe`` (another byte UTF-8 never holds) for ``\\xff``.
 """
 
 from __future__ import annotations
@@ -27,15 +35,19 @@ from __future__ import annotations
 __all__ = [
     "SEPARATOR",
     "holder_range",
+    "line_range",
     "prefix_range",
     "range_end",
     "record_name",
     "record_value",
+    "slot_range",
     "split_record_name",
     "split_record_value",
 ]
 
 SEPARATOR = b"\x00"
+SLOTS = b"\xff"  # starts a slot range: never a byte of an escaped (UTF-8) key
+LINE = b"\xfe"  # starts a line range: nor is this
 
 _ESCAPE = {0: b"\x01\x01", 1: b"\x01\x02"}
 _UNESCAPE = {1: 0, 2: 1}
@@ -83,6 +95,18 @@ def record_name(prefix: bytes, key: str, owner: str) -> bytes:
 def holder_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
     """``(start, end)`` of the range holding every record of ``key`` (at most one)."""
     start = prefix + _escape(key) + SEPARATOR
+    return start, range_end(start)
+
+
+def slot_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
+    """``(start, end)`` of every name of the counting lease on ``key`` (``_slots``)."""
+    start = prefix + SLOTS + _escape(key) + SEPARATOR
+    return start, range_end(start)
+
+
+def line_range(prefix: bytes, key: str) -> tuple[bytes, bytes]:
+    """``(start, end)`` of the places in the line of waiters for ``key`` (``_fair``)."""
+    start = prefix + LINE + _escape(key) + SEPARATOR
     return start, range_end(start)
 
 

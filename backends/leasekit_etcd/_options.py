@@ -73,6 +73,11 @@ CAPABILITIES = Capabilities(
     grant_notifications=True,
     # In the record's value, after the owner (_keys.record_value).
     metadata=True,
+    # Slots under a range of their own, each on its own etcd lease; a grant is a read
+    # and a transaction that compares the key's generation (_slots).
+    slots=True,
+    # A line of places under a range of their own, in create_revision order (_fair).
+    fair_waiting=True,
 )
 
 

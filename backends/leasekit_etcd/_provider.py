@@ -1,5 +1,8 @@
 """The etcd providers' lifecycles: ``EtcdLeaseProvider`` (asyncio), ``EtcdSyncLeaseProvider``.
 
+One module, over 500 lines: both providers' lifecycles and their extras (records,
+slots, the line of waiters) side by side.
+
 Both run the operations of ``_ops`` (the layout, the transactions, each operation's
 round trips), the async one on grpc.aio (``_aio``), the blocking one on grpc's blocking
 channels (``_blocking``). Expiry is etcd's: the leader revokes the etcd lease when its
@@ -22,17 +25,19 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from leasekit import LeaseBackendError, LeaseResult
+from leasekit import LeaseBackendError, LeaseResult, SlotResult
 from leasekit.backend import (
     BackendProvider,
     ErrorMap,
+    Grant,
     LeaseRecord,
     Operation,
     ReleaseWatch,
+    SlotGrant,
     SyncBackendProvider,
 )
 
-from . import _aio, _blocking, _ops
+from . import _aio, _blocking, _fair, _ops, _slots
 from ._keys import holder_range
 from ._members import SETTLE_S, GrpcState
 from ._notify import EtcdReleaseListener, WatchStream
@@ -166,7 +171,7 @@ class EtcdLeaseProvider(BackendProvider):
             self._closing = True
             self._closed_reason = FORKED_AFTER_GRPC
 
-    async def _run(self, key: str | None, operation: _Op[_T], grant: str | None = None) -> _T:
+    async def _run(self, key: str | None, operation: _Op[_T], grant: Grant | None = None) -> _T:
         """Run one operation within ``timeout_s``, its errors mapped at one boundary."""
         if grant is not None and key is not None and self._undos:
             await self._after_undo(key, grant)
@@ -233,6 +238,25 @@ class EtcdLeaseProvider(BackendProvider):
         operation = _ops.acquire(self._ctx, key, owner, ttl_ms, metadata)
         return await self._run(key, operation, owner)
 
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        The key's holder and its line read side by side, then (in the caller's turn)
+        one transaction that compares both, or the caller's place kept (see ``_fair``).
+        """
+        operation = _fair.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
+        return await self._run(key, operation, owner)
+
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key``, ``None`` if free (``SupportsRecords``): a range read
         of its record and its etcd lease's time left (whole seconds, rounded down), side
@@ -276,6 +300,45 @@ class EtcdLeaseProvider(BackendProvider):
         Not a snapshot: leases that change meanwhile may or may not be listed.
         """
         return await self._run(prefix, _ops.inspect(self._ctx, prefix, limit))
+
+    # -- counting leases (SupportsSlots) ------------------------------------------------
+
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
+
+        A range read of the key's slots, claim and generation, then (to grant, or to
+        place an exclusive acquirer's claim) one transaction that compares the
+        generation with the one read, reading again if it moved (see ``_slots``).
+        """
+        operation = _slots.acquire_slot(
+            self._ctx, key, owner, ttl_ms, limit=limit, exclusive=exclusive
+        )
+        return await self._run(key, operation, SlotGrant(owner))
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._run(key, _slots.renew_slot(self._ctx, key, owner, ttl_ms))
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._run(key, _slots.release_slot(self._ctx, key, owner))
+
+    async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
+        """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
+        return await self._run(key, _slots.release_slot_grant(self._ctx, key, owner, token))
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
+        operation = _slots.transfer_slot(self._ctx, key, from_owner, to_owner, ttl_ms)
+        grant = SlotGrant(to_owner) if to_owner != from_owner else None  # else a renewal
+        return await self._run(key, operation, grant)
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key``, in grant order (time left in whole seconds, as
+        etcd reports its leases')."""
+        return await self._run(key, _slots.slot_holders(self._ctx, key))
 
     async def watch_release(self, key: str, *, grants: bool = False) -> ReleaseWatch:
         """Watch ``key`` for release, transfer and expiry (and, with ``grants``, for the
@@ -387,6 +450,21 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     ) -> LeaseResult:
         return self._run(_ops.acquire(self._ctx, key, owner, ttl_ms, metadata), key)
 
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`EtcdLeaseProvider.acquire_lease_in_turn`."""
+        operation = _fair.acquire_in_turn(
+            self._ctx, key, owner, ttl_ms, place_ttl_ms=place_ttl_ms, metadata=metadata
+        )
+        return self._run(operation, key)
+
     def get_lease_record(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key``, ``None`` if free, as
         :meth:`EtcdLeaseProvider.get_lease_record`."""
@@ -420,6 +498,32 @@ class EtcdSyncLeaseProvider(SyncBackendProvider):
     ) -> bool:
         operation = _ops.transfer(self._ctx, key, from_owner, to_owner, ttl_ms, metadata)
         return self._run(operation, key)
+
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Blocking :meth:`EtcdLeaseProvider.acquire_slot`."""
+        operation = _slots.acquire_slot(
+            self._ctx, key, owner, ttl_ms, limit=limit, exclusive=exclusive
+        )
+        return self._run(operation, key)
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`EtcdLeaseProvider.renew_slot`."""
+        return self._run(_slots.renew_slot(self._ctx, key, owner, ttl_ms), key)
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`EtcdLeaseProvider.release_slot`."""
+        return self._run(_slots.release_slot(self._ctx, key, owner), key)
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`EtcdLeaseProvider.transfer_slot`."""
+        operation = _slots.transfer_slot(self._ctx, key, from_owner, to_owner, ttl_ms)
+        return self._run(operation, key)
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`EtcdLeaseProvider.get_slot_holders`."""
+        return self._run(_slots.slot_holders(self._ctx, key), key)
 
     def inspect(self, prefix: str | None = None, *, limit: int = 1000) -> list[LeaseRecord]:
         """List live leases in key order, as :meth:`EtcdLeaseProvider.inspect`."""

@@ -43,7 +43,9 @@ __all__ = [
     "blocking_insecure_channel",
     "blocking_secure_channel",
     "compare_create",
+    "compare_created_after",
     "compare_exists",
+    "compare_mod",
     "compare_value",
     "delete_op",
     "insecure_channel",
@@ -172,10 +174,31 @@ def compare_create(key: bytes, end: bytes, create_revision: int) -> Request:
     )
 
 
+def compare_created_after(key: bytes, end: bytes, revision: int) -> Request:
+    """True when every key in ``[key, end)`` was created after ``revision``.
+
+    An empty range is false: etcd compares it as one record of ``create_revision`` 0.
+    """
+    return _pb.Compare(
+        key=key,
+        range_end=end,
+        target=_pb.Compare.CREATE,
+        result=_pb.Compare.GREATER,
+        create_revision=revision,
+    )
+
+
 def compare_exists(key: bytes) -> Request:
     """True when ``key`` exists, whatever its value (its ``create_revision`` is set)."""
     return _pb.Compare(
         key=key, target=_pb.Compare.CREATE, result=_pb.Compare.GREATER, create_revision=0
+    )
+
+
+def compare_mod(key: bytes, mod_revision: int) -> Request:
+    """True when ``key`` was last written at ``mod_revision`` (0: ``key`` does not exist)."""
+    return _pb.Compare(
+        key=key, target=_pb.Compare.MOD, result=_pb.Compare.EQUAL, mod_revision=mod_revision
     )
 
 
