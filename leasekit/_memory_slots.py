@@ -17,8 +17,7 @@ from ._slots import (
     EXCLUSIVE_INTENT_MS,
     SLOT_HOLDERS_SHOWN,
     SlotResult,
-    check_exclusive,
-    validate_limit,
+    check_slot_acquire,
 )
 from .backend._records import LeaseRecord
 
@@ -73,11 +72,7 @@ class MemorySlots:
 
         ``leasekit.backend.SupportsSlots``; the rules are in ``docs/more-than-one-holder.md``.
         """
-        validate_key(key)
-        validate_owner(owner)
-        validate_ttl_ms(ttl_ms)
-        validate_limit(limit)
-        check_exclusive(exclusive)
+        check_slot_acquire(key, owner, ttl_ms, limit, exclusive)
         store = self._check()
         with store.lock:
             now = store.clock_ns()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._contract import validate_key, validate_owner, validate_ttl_ms
 from ._errors import InvalidLeaseArgument
 
 __all__ = [
@@ -88,3 +89,12 @@ def check_exclusive(exclusive: object) -> bool:
             "exclusive", f"must be a bool, got {type(exclusive).__name__}", exclusive
         )
     return exclusive
+
+
+def check_slot_acquire(key: str, owner: str, ttl_ms: int, limit: int, exclusive: object) -> None:
+    """Check every argument of ``acquire_slot`` before any I/O (``InvalidLeaseArgument``)."""
+    validate_key(key)
+    validate_owner(owner)
+    validate_ttl_ms(ttl_ms)
+    validate_limit(limit)
+    check_exclusive(exclusive)

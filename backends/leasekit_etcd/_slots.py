@@ -52,11 +52,10 @@ from leasekit import (
     SlotLimitMismatch,
     SlotResult,
     validate_key,
-    validate_limit,
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import LeaseRecord, Operation, check_exclusive
+from leasekit.backend import LeaseRecord, Operation, check_slot_acquire
 
 from . import _keys, _rpc
 from ._ops import (
@@ -240,11 +239,7 @@ def acquire_slot(
     ctx: Context, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
 ) -> Operation[Request, SlotResult]:
     """One of ``limit`` slots of ``key`` for ``owner`` (with ``exclusive``, the key)."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    validate_limit(limit)
-    check_exclusive(exclusive)
+    check_slot_acquire(key, owner, ttl_ms, limit, exclusive)
     claim_s = ttl_s(min(ttl_ms, EXCLUSIVE_INTENT_MS))
     return _acquire_slot(ctx, key, owner, ttl_s(ttl_ms), limit, exclusive, claim_s)
 

@@ -15,12 +15,11 @@ from leasekit import (
     SlotLimitMismatch,
     SlotResult,
     validate_key,
-    validate_limit,
     validate_metadata,
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import LeaseRecord, check_exclusive
+from leasekit.backend import LeaseRecord, check_slot_acquire
 
 from . import _sql
 from ._ops import Operation, Query
@@ -42,11 +41,7 @@ def acquire_slot(  # noqa: PLR0917 (its retry rebuilds it from one tuple of argu
 ) -> Operation[SlotResult]:
     """Take one of ``limit`` slots of ``key`` (or, ``exclusive``, the key) for ``owner``:
     one function call, which locks the key's row, then counts, decides and writes."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    validate_limit(limit)
-    check_exclusive(exclusive)
+    check_slot_acquire(key, owner, ttl_ms, limit, exclusive)
     params = {
         "key": key.encode(),
         "owner": owner.encode(),

@@ -13,11 +13,10 @@ from leasekit import (
     SlotLimitMismatch,
     SlotResult,
     validate_key,
-    validate_limit,
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import LeaseRecord, Operation, check_exclusive
+from leasekit.backend import LeaseRecord, Operation, check_slot_acquire
 
 from . import _keys, _lua
 from ._ops import (
@@ -59,11 +58,7 @@ def acquire_slot(
     ctx: OpContext, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
 ) -> Operation[Request, SlotResult]:
     """``SLOT_ACQUIRE``: one of ``limit`` slots of ``key`` (with ``exclusive``, the key)."""
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    validate_limit(limit)
-    check_exclusive(exclusive)
+    check_slot_acquire(key, owner, ttl_ms, limit, exclusive)
     args = (
         owner.encode(),
         ttl_ms,

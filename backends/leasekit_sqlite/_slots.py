@@ -16,11 +16,10 @@ from leasekit import (
     SlotLimitMismatch,
     SlotResult,
     validate_key,
-    validate_limit,
     validate_owner,
     validate_ttl_ms,
 )
-from leasekit.backend import LeaseRecord, check_exclusive
+from leasekit.backend import LeaseRecord, check_slot_acquire
 
 from . import _sql
 from ._ops import Op, Query, _changed, key_params, transaction
@@ -43,11 +42,7 @@ def acquire_slot(
     One IMMEDIATE transaction: the key's expired slots dropped, its state read, and the
     decision (the rules of ``leasekit.backend.SupportsSlots``) written.
     """
-    validate_key(key)
-    validate_owner(owner)
-    validate_ttl_ms(ttl_ms)
-    validate_limit(limit)
-    check_exclusive(exclusive)
+    check_slot_acquire(key, owner, ttl_ms, limit, exclusive)
     params = {**key_params(key, owner=owner), "ttl_ms": ttl_ms, "limit": limit}
     return transaction(_acquire_slot(key, owner, limit, exclusive, params))
 

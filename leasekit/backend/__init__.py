@@ -52,7 +52,7 @@ See the guide "Writing a backend" in the documentation.
 from __future__ import annotations
 
 from .._contract import metadata_for
-from .._slots import check_exclusive
+from .._slots import check_exclusive, check_slot_acquire
 from ._batch import RENEW_BATCH_LIMIT, RenewItem, SupportsRenewMany, check_renew_items
 from ._deadlines import Deadlines, Overdue
 from ._errors import ErrorMap, map_errors
@@ -140,6 +140,7 @@ __all__ = [
     "SyncProvider",
     "check_exclusive",
     "check_renew_items",
+    "check_slot_acquire",
     "coerce_bool",
     "drive",
     "drive_async",
