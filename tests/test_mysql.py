@@ -240,6 +240,10 @@ async def test_first_use_creates_table_sequence_and_meta(
         name: "BASE TABLE",
         f"{name}_meta": "BASE TABLE",
         f"{name}_token_seq": "SEQUENCE",
+        f"{name}_slot_keys": "BASE TABLE",
+        f"{name}_slots": "BASE TABLE",
+        f"{name}_line": "BASE TABLE",
+        f"{name}_line_keys": "BASE TABLE",
     }
     assert meta == {"schema_version": SCHEMA_VERSION, "tokens": 1}
     assert columns["lease_key"] == columns["owner"] == columns["metadata"] == "varbinary"
@@ -980,3 +984,39 @@ async def test_bench_measures_leasekit_the_asyncmy_floor_and_tooz(
     assert "bench_leases" in tables
     assert not [name for name in tables if name.endswith("_floor")]
     assert left == 0
+
+
+async def test_a_version_2_table_gains_slots_and_the_line_on_first_use(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # Schema version 3 adds the slot tables, the line and their procedures beside an
+    # existing table (here one with clock tokens, which the procedures draw too).
+    await create_version_1_table(mysql_url, mysql_table)
+    t, meta = quoted(mysql_table), quoted(f"{mysql_table}_meta")
+    async with admin(mysql_url) as cursor:
+        await cursor.execute(f"ALTER TABLE {t} ADD COLUMN metadata VARBINARY(4096) NULL")
+        await cursor.execute(f"UPDATE {meta} SET value = 2 WHERE name = 'schema_version'")
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as provider:
+        old = await provider.get_lease_record("old")
+        assert old is not None
+        assert (old.owner, old.token) == ("before", 7)
+        first = await provider.acquire_slot("s", "a", LONG_MS, limit=2)
+        second = await provider.acquire_slot("s", "b", LONG_MS, limit=2)
+        assert (first.acquired, second.acquired) == (True, True)
+        assert (second.token or 0) > (first.token or 0) > 0
+        denied = await provider.acquire_slot("s", "c", LONG_MS, limit=2)
+        assert (denied.acquired, denied.held, denied.holders) == (False, 2, ("a", "b"))
+        in_turn = await provider.acquire_lease_in_turn("old", "c", LONG_MS, place_ttl_ms=LONG_MS)
+        assert in_turn == leasekit.LeaseResult(False, "before", None, None)
+    assert await schema_version_of(mysql_url, mysql_table) == SCHEMA_VERSION
+
+
+async def test_a_slot_denial_names_long_owners_whole(mysql_url: str, mysql_table: str) -> None:
+    # The holders travel hex-encoded in one GROUP_CONCAT: 16 owners of 600 bytes are
+    # past the server's default group_concat_max_len (1024), which would cut them short.
+    owners = [f"{n:02d}" + "o" * 598 for n in range(16)]
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as provider:
+        for owner in owners:
+            assert (await provider.acquire_slot("k", owner, LONG_MS, limit=16)).acquired
+        denied = await provider.acquire_slot("k", "late", LONG_MS, limit=16)
+    assert (denied.acquired, denied.held, denied.holders) == (False, 16, tuple(owners))

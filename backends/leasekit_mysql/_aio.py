@@ -188,6 +188,13 @@ class _Session:
             return await cursor.fetchone()
         if reads == "rows":
             return await cursor.fetchall()
+        if reads == "call":  # a procedure's row, then its status: read to the end
+            row = await cursor.fetchone()
+            self.healthy = False  # until the status is read
+            while await cursor.nextset():
+                pass
+            self.healthy = True
+            return row
         return count
 
 

@@ -164,6 +164,10 @@ class _Session:
                     reply = cursor.fetchone()
                 elif reads == "rows":
                     reply = cursor.fetchall()
+                elif reads == "call":  # a procedure's row, then its status: read to the end
+                    reply = cursor.fetchone()
+                    while cursor.nextset():
+                        pass
                 else:
                     reply = count
         except pymysql.MySQLError as exc:

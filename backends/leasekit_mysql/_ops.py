@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-Reads: TypeAlias = Literal["rowcount", "lastrowid", "row", "rows"]
+Reads: TypeAlias = Literal["rowcount", "lastrowid", "row", "rows", "call"]
 Request: TypeAlias = tuple[str, "Mapping[str, Any] | None", Reads]
 """A :class:`Statement`, or on the hot path the plain tuple of its three fields."""
 Op: TypeAlias = Operation[Request, _T]
@@ -63,6 +63,7 @@ Statements: TypeAlias = Callable[[], _sql.Statements]
 
 _DENIED_RETRIES = 3
 _DUPLICATE_COLUMN = 1060  # another process added the metadata column first
+_ROUTINE_EXISTS = 1304  # another process created the procedure first
 _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a fresh one
 
 _log = logging.getLogger("leasekit.mysql")
@@ -72,7 +73,8 @@ class Statement(NamedTuple):
     """One statement to run; its reply is what ``reads`` names.
 
     ``rowcount``: the affected rows (an ``int``); ``lastrowid``: the OK packet's
-    ``LAST_INSERT_ID`` (an ``int``); ``row``: the first row or None; ``rows``: all rows.
+    ``LAST_INSERT_ID`` (an ``int``); ``row``: the first row or None; ``rows``: all rows;
+    ``call``: a procedure's first row, the rest of its replies read and dropped.
     """
 
     sql: str
@@ -205,7 +207,26 @@ def _create(schema: Schema, recorded: int | None = None) -> Op[None]:
         yield Statement(ddl.create_sequence)
     if ddl.names["meta"] not in present:
         yield Statement(ddl.create_meta)
+    yield from _create_slots(_sql.Statements(schema.table, tokens))
     yield Statement(ddl.record_meta, {"tokens": tokens})
+
+
+def _create_slots(ddl: _sql.Statements) -> Op[None]:
+    """The slot tables and procedures (schema version 3), each only if missing."""
+    rows = yield Statement(ddl.existing_slot_tables, ddl.slot_names, "rows")
+    present = {str(name) for (name,) in rows}
+    for name, statement in ddl.create_slot_tables.items():
+        if ddl.slot_names[name] not in present:
+            yield Statement(statement)
+    rows = yield Statement(ddl.existing_routines, ddl.routine_names, "rows")
+    present = {str(name) for (name,) in rows}
+    for name, statement in ddl.create_routines.items():
+        if ddl.routine_names[name] not in present:
+            try:
+                yield Statement(statement)
+            except Exception as exc:
+                if error_code(exc) != _ROUTINE_EXISTS:  # another process created it first
+                    raise
 
 
 def migrate(schema: Schema) -> Op[int]:

@@ -52,6 +52,8 @@ CAPABILITIES = Capabilities(
     shared_across_hosts=True,
     persistent=True,
     metadata=True,  # grant_notifications: no channel to send them on; watchers poll
+    slots=True,
+    fair_waiting=True,
 )
 
 # Error numbers, the same from both drivers (exc.args[0]): below 2000 the server's,

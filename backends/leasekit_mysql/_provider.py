@@ -18,10 +18,23 @@ from typing import Any, TypeAlias, TypeVar
 
 from asyncmy.pool import Pool
 
-from leasekit import InvalidLeaseArgument, LeaseBackendError, LeaseProviderClosed, LeaseResult
-from leasekit.backend import BackendProvider, LeaseRecord, SyncBackendProvider, metadata_for
+from leasekit import (
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseProviderClosed,
+    LeaseResult,
+    SlotResult,
+)
+from leasekit.backend import (
+    BackendProvider,
+    Grant,
+    LeaseRecord,
+    SlotGrant,
+    SyncBackendProvider,
+    metadata_for,
+)
 
-from . import _aio, _ops, _options, _sql
+from . import _aio, _ops, _options, _slots, _sql
 from ._aio import AioTransport, pool_options
 from ._blocking import BlockingTransport
 from ._options import BACKEND, CAPABILITIES, ERRORS
@@ -114,7 +127,7 @@ class MySQLLeaseProvider(BackendProvider):
         return MySQLSyncLeaseProvider.from_url(url, **options)
 
     def _run(
-        self, op: _ops.Op[_T], key: str | None = None, grant: str | None = None
+        self, op: _ops.Op[_T], key: str | None = None, grant: Grant | None = None
     ) -> Awaitable[_T]:
         """One bounded call (the toolkit's deadline) of ``op``."""
         return self._call(_aio.run(self._ready_transport, self._connect, op), key, grant)
@@ -129,7 +142,7 @@ class MySQLLeaseProvider(BackendProvider):
         assert statements is not None  # the schema was made ready first
         return statements
 
-    async def _write(self, op: _ops.Op[_T], key: str, grant: str | None = None) -> _T:
+    async def _write(self, op: _ops.Op[_T], key: str, grant: Grant | None = None) -> _T:
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
         result = await self._run(op, key, grant)
@@ -239,6 +252,59 @@ class MySQLLeaseProvider(BackendProvider):
             self._sweeping = False
         if deleted >= self.sweep_batch:
             self._writes = self.sweep_every  # a backlog: sweep again on the next write
+
+    # -- counting leases (SupportsSlots) and fair waiting (SupportsFairWaiting) ------------
+
+    async def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Take one of ``limit`` slots of ``key`` (``leasekit.backend.SupportsSlots``).
+
+        One ``CALL``: a procedure whose transaction locks the key's row, drops its
+        expired slots, counts and decides, and writes the slot.
+        """
+        op = _slots.acquire_slot(self._statements, key, owner, ttl_ms, limit, exclusive)
+        return await self._write(op, key, SlotGrant(owner))
+
+    async def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Reset the TTL of ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._write(_slots.renew_slot(self._statements, key, owner, ttl_ms), key)
+
+    async def release_slot(self, key: str, owner: str) -> bool:
+        """Free ``owner``'s live slot of ``key``; whether it held one."""
+        return await self._write(_slots.release_slot(self._statements, key, owner), key)
+
+    async def release_slot_grant(self, key: str, owner: str, token: int) -> bool:
+        """Free ``owner``'s slot of ``key`` only if it carries ``token`` (undoing a grant)."""
+        op = _slots.release_slot_grant(self._statements, key, owner, token)
+        return await self._write(op, key)
+
+    async def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``from_owner``'s live slot of ``key`` to ``to_owner`` (a new token)."""
+        op = _slots.transfer_slot(self._statements, key, from_owner, to_owner, ttl_ms)
+        return await self._write(op, key, SlotGrant(to_owner) if to_owner != from_owner else None)
+
+    async def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """The live slots of ``key`` (time left by the server's clock), in grant order."""
+        return await self._run(_slots.slot_holders(self._statements, key), key)
+
+    async def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """``acquire_lease`` in arrival order (``leasekit.backend.SupportsFairWaiting``).
+
+        One ``CALL``: a procedure whose transaction locks the key's line, then grants or
+        keeps the caller's place.
+        """
+        data = None if metadata is None else metadata_for(self, metadata)
+        op = _slots.acquire_in_turn(self._statements, key, owner, ttl_ms, place_ttl_ms, data)
+        return await self._write(op, key, owner)
 
     async def row_count(self) -> int:
         """Rows in the table, live and expired: what the sweep keeps bounded."""
@@ -384,3 +450,41 @@ class MySQLSyncLeaseProvider(SyncBackendProvider):
 
     def _migrate(self) -> int:
         return self._transport.run(_ops.migrate(self._schema))
+
+    def acquire_slot(
+        self, key: str, owner: str, ttl_ms: int, *, limit: int, exclusive: bool = False
+    ) -> SlotResult:
+        """Blocking :meth:`MySQLLeaseProvider.acquire_slot`."""
+        op = _slots.acquire_slot(self._statements, key, owner, ttl_ms, limit, exclusive)
+        return self._run(op, key, write=True)
+
+    def renew_slot(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`MySQLLeaseProvider.renew_slot`."""
+        return self._run(_slots.renew_slot(self._statements, key, owner, ttl_ms), key, write=True)
+
+    def release_slot(self, key: str, owner: str) -> bool:
+        """Blocking :meth:`MySQLLeaseProvider.release_slot`."""
+        return self._run(_slots.release_slot(self._statements, key, owner), key, write=True)
+
+    def transfer_slot(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Blocking :meth:`MySQLLeaseProvider.transfer_slot`."""
+        op = _slots.transfer_slot(self._statements, key, from_owner, to_owner, ttl_ms)
+        return self._run(op, key, write=True)
+
+    def get_slot_holders(self, key: str) -> list[LeaseRecord]:
+        """Blocking :meth:`MySQLLeaseProvider.get_slot_holders`."""
+        return self._run(_slots.slot_holders(self._statements, key), key)
+
+    def acquire_lease_in_turn(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        place_ttl_ms: int,
+        metadata: bytes | str | None = None,
+    ) -> LeaseResult:
+        """Blocking :meth:`MySQLLeaseProvider.acquire_lease_in_turn`."""
+        data = None if metadata is None else metadata_for(self, metadata)
+        op = _slots.acquire_in_turn(self._statements, key, owner, ttl_ms, place_ttl_ms, data)
+        return self._run(op, key, write=True)

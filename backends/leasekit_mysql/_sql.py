@@ -1,5 +1,8 @@
 """Every SQL statement the MySQL/MariaDB backend runs, each in one place with why it is atomic.
 
+One module, over 500 lines: every statement and stored procedure the backend sends, each
+beside why it is atomic, in one place to review together.
+
 The schema (for the default table ``leasekit_leases``)::
 
     leasekit_leases            lease_key VARBINARY(1024) PRIMARY KEY, owner VARBINARY(1024),
@@ -61,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout this code reads and writes, recorded in the meta table.
 
 2: a nullable ``metadata VARBINARY(4096)`` column, added to a version 1 table by
@@ -69,6 +72,11 @@ SCHEMA_VERSION = 2
 ``ADD COLUMN IF NOT EXISTS``: :attr:`Statements.has_metadata` asks first). A leasekit
 of version 1 would leave a holder's metadata in place when another owner takes the key
 over, and losers would route to the previous owner: it refuses a version 2 table.
+
+3: counting leases and fair waiting: the tables ``<table>_slot_keys``, ``<table>_slots``,
+``<table>_line`` and ``<table>_line_keys`` and the procedures ``<table>_slot_take``,
+``<table>_slot_move`` and ``<table>_in_turn``, created beside an existing table when the
+provider first reads the schema (each only if missing).
 """
 
 DEFAULT_TABLE = "leasekit_leases"
@@ -287,6 +295,282 @@ class Statements:
 
         # No parameters. Rows live and expired: what the sweep keeps bounded.
         self.count_rows = f"SELECT COUNT(*) FROM {t}"
+
+        self._slots(table, fresh_row)
+
+    def _slots(self, table: TableName, fresh: str) -> None:
+        """Counting leases and fair waiting (schema version 3): tables and procedures.
+
+        Each acquire, slot transfer and fair acquire is one ``CALL`` of a stored
+        procedure: one round trip, and inside it one transaction that first locks the
+        key's row (``INSERT ... ON DUPLICATE KEY UPDATE``, which takes the row's
+        exclusive lock whether it inserts or not), then reads, decides and writes, and
+        commits. The transaction runs at READ COMMITTED, whatever the session's level:
+        each read after the lock is a fresh snapshot, which sees what the lock's
+        previous holder committed, and InnoDB takes no gap locks, which under
+        REPEATABLE READ deadlocked a procedure's range delete against a single-row
+        renew or release of the same key. A failure inside rolls back (the handler)
+        and reaches the client.
+        """
+        t, keys, slots = table.quoted(), table.quoted("_slot_keys"), table.quoted("_slots")
+        line, line_keys = table.quoted("_line"), table.quoted("_line_keys")
+        take, move = table.quoted("_slot_take"), table.quoted("_slot_move")
+        in_turn = table.quoted("_in_turn")
+        self.slot_names = {
+            "database": table.database,
+            "slot_keys": f"{table.name}_slot_keys",
+            "slots": f"{table.name}_slots",
+            "line": f"{table.name}_line",
+            "line_keys": f"{table.name}_line_keys",
+        }
+        self.routine_names = {
+            "database": table.database,
+            "take": f"{table.name}_slot_take",
+            "move": f"{table.name}_slot_move",
+            "in_turn": f"{table.name}_in_turn",
+        }
+        # %(database)s, %(slot_keys)s... -> (table_name,) of the slot tables present.
+        self.existing_slot_tables = (
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = COALESCE(%(database)s, DATABASE())"
+            " AND table_name IN (%(slot_keys)s, %(slots)s, %(line)s, %(line_keys)s)"
+        )
+        # %(database)s, %(take)s... -> (routine_name,) of the procedures present.
+        self.existing_routines = (
+            "SELECT routine_name FROM information_schema.routines"
+            " WHERE routine_schema = COALESCE(%(database)s, DATABASE())"
+            " AND routine_name IN (%(take)s, %(move)s, %(in_turn)s)"
+        )
+        self.create_slot_tables = {
+            "slot_keys": f"""
+                CREATE TABLE IF NOT EXISTS {keys} (
+                    lease_key VARBINARY(1024) NOT NULL PRIMARY KEY,
+                    slot_limit INT NOT NULL,
+                    last_token BIGINT NOT NULL,
+                    intent VARBINARY(1024) NULL,
+                    intent_expires_at DATETIME(6) NULL
+                ) ENGINE=InnoDB
+                """,
+            "slots": f"""
+                CREATE TABLE IF NOT EXISTS {slots} (
+                    lease_key VARBINARY(1024) NOT NULL,
+                    owner VARBINARY(1024) NOT NULL,
+                    token BIGINT NOT NULL,
+                    expires_at DATETIME(6) NOT NULL,
+                    is_exclusive BOOLEAN NOT NULL,
+                    PRIMARY KEY (lease_key, owner)
+                ) ENGINE=InnoDB
+                """,
+            "line": f"""
+                CREATE TABLE IF NOT EXISTS {line} (
+                    lease_key VARBINARY(1024) NOT NULL,
+                    owner VARBINARY(1024) NOT NULL,
+                    seq BIGINT NOT NULL,
+                    expires_at DATETIME(6) NOT NULL,
+                    PRIMARY KEY (lease_key, owner)
+                ) ENGINE=InnoDB
+                """,
+            "line_keys": f"""
+                CREATE TABLE IF NOT EXISTS {line_keys} (
+                    lease_key VARBINARY(1024) NOT NULL PRIMARY KEY
+                ) ENGINE=InnoDB
+                """,
+        }
+        expires = f"{NOW_UTC} + INTERVAL p_ttl_us MICROSECOND"
+        rollback = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;"
+        # (key, owner, ttl_us, limit, exclusive, intent_us, shown) -> one row (acquired,
+        # token, held, limit, holders (owners, hex, comma-separated), exclusive,
+        # waiting); a limit other than the one asked for: the stored one, nothing written.
+        take_body = f"""
+            CREATE PROCEDURE {take}(
+                IN p_key VARBINARY(1024), IN p_owner VARBINARY(1024), IN p_ttl_us BIGINT,
+                IN p_limit INT, IN p_exclusive BOOLEAN, IN p_intent_us BIGINT, IN p_shown INT)
+            MODIFIES SQL DATA
+            BEGIN
+                DECLARE v_limit INT;
+                DECLARE v_last BIGINT;
+                DECLARE v_claim VARBINARY(1024);
+                DECLARE v_held INT;
+                DECLARE v_exclusives INT;
+                DECLARE v_mine BIGINT;
+                DECLARE v_mine_exclusive BOOLEAN;
+                DECLARE v_others INT;
+                DECLARE v_token BIGINT DEFAULT NULL;
+                DECLARE v_acquired BOOLEAN DEFAULT FALSE;
+                DECLARE v_exclusive BOOLEAN DEFAULT FALSE;
+                DECLARE v_holders LONGTEXT DEFAULT NULL;
+                DECLARE v_waiting VARBINARY(1024) DEFAULT NULL;
+                {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
+                START TRANSACTION;
+                INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, p_limit, 0)
+                    ON DUPLICATE KEY UPDATE lease_key = lease_key;
+                DELETE FROM {slots} WHERE lease_key = p_key AND expires_at <= {NOW_UTC};
+                -- One read of the key's state (one row, whatever exists: no warning).
+                SELECT
+                    (SELECT slot_limit FROM {keys} WHERE lease_key = p_key),
+                    (SELECT last_token FROM {keys} WHERE lease_key = p_key),
+                    (SELECT intent FROM {keys}
+                        WHERE lease_key = p_key AND intent_expires_at > {NOW_UTC}),
+                    (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key),
+                    (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key AND is_exclusive),
+                    (SELECT token FROM {slots} WHERE lease_key = p_key AND owner = p_owner),
+                    (SELECT is_exclusive FROM {slots}
+                        WHERE lease_key = p_key AND owner = p_owner)
+                INTO v_limit, v_last, v_claim, v_held, v_exclusives, v_mine, v_mine_exclusive;
+                SET v_others = v_held - IF(v_mine IS NULL, 0, 1);
+                IF v_held > 0 AND v_limit <> p_limit THEN
+                    SET p_limit = v_limit;
+                ELSEIF v_mine IS NOT NULL AND (v_mine_exclusive OR NOT p_exclusive) THEN
+                    UPDATE {slots} SET expires_at = {expires}
+                        WHERE lease_key = p_key AND owner = p_owner;
+                    SET v_acquired = TRUE, v_token = v_mine, v_exclusive = v_mine_exclusive;
+                ELSEIF (p_exclusive AND v_others = 0 AND (v_claim IS NULL OR v_claim = p_owner))
+                    OR (NOT p_exclusive AND v_exclusives = 0 AND v_claim IS NULL
+                        AND v_others < p_limit) THEN
+                    SET v_token = GREATEST(v_last + 1, {fresh});
+                    UPDATE {keys} SET slot_limit = p_limit, last_token = v_token,
+                        intent = NULL, intent_expires_at = NULL
+                        WHERE lease_key = p_key;
+                    DELETE FROM {slots} WHERE lease_key = p_key AND owner = p_owner;
+                    INSERT INTO {slots} (lease_key, owner, token, expires_at, is_exclusive)
+                        VALUES (p_key, p_owner, v_token, {expires}, p_exclusive);
+                    SET v_acquired = TRUE, v_exclusive = p_exclusive,
+                        v_held = IF(p_exclusive, 1, v_held + 1);
+                ELSE
+                    IF p_exclusive AND (v_claim IS NULL OR v_claim = p_owner) THEN
+                        UPDATE {keys} SET intent = p_owner,
+                            intent_expires_at = {NOW_UTC} + INTERVAL p_intent_us MICROSECOND
+                            WHERE lease_key = p_key;
+                    END IF;
+                    -- 16 owners of up to 1024 bytes, hex: never cut short.
+                    SET SESSION group_concat_max_len = GREATEST(@@group_concat_max_len, 65536);
+                    SET v_holders = (SELECT GROUP_CONCAT(HEX(owner) ORDER BY token SEPARATOR ',')
+                        FROM (SELECT owner, token FROM {slots} WHERE lease_key = p_key
+                            ORDER BY token LIMIT p_shown) AS shown);
+                    SET v_exclusive = v_exclusives > 0;
+                    SET v_waiting = IF(v_claim = p_owner, NULL, v_claim);
+                END IF;
+                COMMIT;
+                SELECT v_acquired, v_token, v_held, p_limit, v_holders, v_exclusive, v_waiting;
+            END
+            """
+        # (key, from, to, ttl_us) -> one row (moved,).
+        move_body = f"""
+            CREATE PROCEDURE {move}(
+                IN p_key VARBINARY(1024), IN p_from VARBINARY(1024), IN p_to VARBINARY(1024),
+                IN p_ttl_us BIGINT)
+            MODIFIES SQL DATA
+            BEGIN
+                DECLARE v_last BIGINT;
+                DECLARE v_moved BOOLEAN DEFAULT FALSE;
+                {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
+                START TRANSACTION;
+                INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, 0, 0)
+                    ON DUPLICATE KEY UPDATE lease_key = lease_key;
+                DELETE FROM {slots} WHERE lease_key = p_key AND expires_at <= {NOW_UTC};
+                SET v_last = (SELECT last_token FROM {keys} WHERE lease_key = p_key);
+                IF EXISTS (SELECT 1 FROM {slots} WHERE lease_key = p_key AND owner = p_from)
+                    AND NOT EXISTS (SELECT 1 FROM {slots} WHERE lease_key = p_key AND owner = p_to)
+                THEN
+                    SET v_last = GREATEST(v_last + 1, {fresh});
+                    UPDATE {keys} SET last_token = v_last WHERE lease_key = p_key;
+                    UPDATE {slots} SET owner = p_to, token = v_last, expires_at = {expires}
+                        WHERE lease_key = p_key AND owner = p_from;
+                    SET v_moved = TRUE;
+                END IF;
+                COMMIT;
+                SELECT v_moved;
+            END
+            """
+        acquire = (
+            self.acquire.replace("%(key)s", "p_key")
+            .replace("%(owner)s", "p_owner")
+            .replace("%(ttl_us)s", "p_ttl_us")
+            .replace("%(metadata)s", "p_metadata")
+        )
+        # (key, owner, ttl_us, place_us, metadata) -> one row (token or NULL, holder,
+        # holder's metadata).
+        in_turn_body = f"""
+            CREATE PROCEDURE {in_turn}(
+                IN p_key VARBINARY(1024), IN p_owner VARBINARY(1024), IN p_ttl_us BIGINT,
+                IN p_place_us BIGINT, IN p_metadata VARBINARY(4096))
+            MODIFIES SQL DATA
+            BEGIN
+                DECLARE v_holder VARBINARY(1024);
+                DECLARE v_head VARBINARY(1024);
+                DECLARE v_token BIGINT DEFAULT 0;
+                DECLARE v_seq BIGINT;
+                DECLARE v_metadata VARBINARY(4096) DEFAULT NULL;
+                {rollback}
+                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
+                START TRANSACTION;
+                INSERT INTO {line_keys} (lease_key) VALUES (p_key)
+                    ON DUPLICATE KEY UPDATE lease_key = lease_key;
+                DELETE FROM {line} WHERE lease_key = p_key AND expires_at <= {NOW_UTC};
+                SET v_holder = (SELECT owner FROM {t}
+                    WHERE lease_key = p_key AND expires_at > {NOW_UTC});
+                SET v_head = (SELECT owner FROM {line} WHERE lease_key = p_key
+                    ORDER BY seq LIMIT 1);
+                IF v_holder = p_owner OR (v_holder IS NULL AND (v_head IS NULL OR v_head = p_owner))
+                THEN
+                    {acquire};
+                    SET v_token = LAST_INSERT_ID();
+                END IF;
+                IF v_token > 0 THEN
+                    DELETE FROM {line} WHERE lease_key = p_key AND owner = p_owner;
+                    SET v_holder = NULL;
+                ELSE
+                    SET v_token = NULL;
+                    SET v_seq = COALESCE((SELECT MAX(seq) FROM {line} WHERE lease_key = p_key), 0);
+                    INSERT INTO {line} (lease_key, owner, seq, expires_at)
+                        VALUES (p_key, p_owner, v_seq + 1,
+                            {NOW_UTC} + INTERVAL p_place_us MICROSECOND)
+                        ON DUPLICATE KEY UPDATE
+                            expires_at = {NOW_UTC} + INTERVAL p_place_us MICROSECOND;
+                    SELECT
+                        (SELECT owner FROM {t} WHERE lease_key = p_key AND expires_at > {NOW_UTC}),
+                        (SELECT metadata FROM {t}
+                            WHERE lease_key = p_key AND expires_at > {NOW_UTC})
+                    INTO v_holder, v_metadata;
+                END IF;
+                COMMIT;
+                SELECT v_token, v_holder, v_metadata;
+            END
+            """
+        self.create_routines = {"take": take_body, "move": move_body, "in_turn": in_turn_body}
+
+        self.slot_acquire = (
+            f"CALL {take}(%(key)s, %(owner)s, %(ttl_us)s, %(limit)s, %(exclusive)s,"
+            " %(intent_us)s, %(shown)s)"
+        )
+        self.slot_transfer = f"CALL {move}(%(key)s, %(from_owner)s, %(to_owner)s, %(ttl_us)s)"
+        self.acquire_in_turn = (
+            f"CALL {in_turn}(%(key)s, %(owner)s, %(ttl_us)s, %(place_us)s, %(metadata)s)"
+        )
+        # %(key)s, %(owner)s, %(ttl_us)s -> rowcount 1 if the caller's live slot was renewed.
+        self.slot_renew = f"""
+            UPDATE {slots} SET expires_at = {_EXPIRES_IN}
+            WHERE lease_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW_UTC}
+            """
+        # %(key)s, %(owner)s -> rowcount 1 if the caller's live slot was freed.
+        self.slot_release = f"""
+            DELETE FROM {slots}
+            WHERE lease_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW_UTC}
+            """
+        # %(key)s, %(owner)s, %(token)s: the same, only the grant carrying this token.
+        self.slot_release_grant = f"""
+            DELETE FROM {slots}
+            WHERE lease_key = %(key)s AND owner = %(owner)s AND token = %(token)s
+                AND expires_at > {NOW_UTC}
+            """
+        # %(key)s -> (owner, token, remaining_ms) of the live slots, in grant order.
+        self.slot_records = f"""
+            SELECT owner, token, CEIL(TIMESTAMPDIFF(MICROSECOND, {NOW_UTC}, expires_at) / 1000)
+            FROM {slots} WHERE lease_key = %(key)s AND expires_at > {NOW_UTC}
+            ORDER BY token
+            """
 
     def sweep_delete(self, count: int) -> str:
         """``DELETE`` of ``count`` keys (``%(k0)s`` ...) that are still sweepable."""
