@@ -3,9 +3,10 @@
 ``leasekit.counting(provider, limit=1)`` maps the five contract methods onto the slot
 methods (``acquire_slot`` and the rest), so with one slot it must behave exactly as a
 single-holder lease, fencing and concurrency included: the suite runs on it over
-``memory://``, SQLite, PostgreSQL and etcd (several processes too), through the async
-provider and through ``leasekit.sync``. The slot semantics proper (``limit`` > 1) are
-checked by the suite's ``SlotChecks`` on each backend (Redis and MySQL included).
+``memory://``, SQLite, PostgreSQL, MySQL/MariaDB and etcd (several processes too),
+through the async provider and through ``leasekit.sync``. The slot semantics proper
+(``limit`` > 1) are checked by the suite's ``SlotChecks`` on each backend (Redis
+included).
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ def one_slot_blocking(url: str) -> leasekit.sync.SyncLeaseProvider:
     return leasekit.sync.wrap(one_slot(url), close=True)
 
 
-@pytest.fixture(params=["memory", "postgres", "sqlite", "etcd"])
+@pytest.fixture(params=["memory", "postgres", "mysql", "sqlite", "etcd"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://counting-{uuid.uuid4().hex}"
     if request.param == "postgres":
         server: str = request.getfixturevalue("postgres_url")
         table: str = request.getfixturevalue("postgres_table")
+        return f"{server}{'&' if '?' in server else '?'}table={table}"
+    if request.param == "mysql":
+        server = request.getfixturevalue("mysql_url")
+        table = request.getfixturevalue("mysql_table")
         return f"{server}{'&' if '?' in server else '?'}table={table}"
     if request.param == "etcd":
         etcd: str = request.getfixturevalue("etcd_url")

@@ -329,6 +329,10 @@ async def test_a_version_1_table_gains_the_metadata_column_on_first_use(
         assert await provider.acquire_lease("k", "b", LONG_MS) == leasekit.LeaseResult(
             False, "a", None, b"a:1"
         )
+        # Version 3 on top: the slot tables and procedures, on the table's clock tokens.
+        assert (await provider.acquire_slot("s", "a", LONG_MS, limit=1)).acquired
+        denied_slot = await provider.acquire_slot("s", "b", LONG_MS, limit=1)
+        assert (denied_slot.acquired, denied_slot.holders) == (False, ("a",))
     assert await schema_version_of(mysql_url, mysql_table) == SCHEMA_VERSION
     database, name = mysql_table.split(".")
     async with admin(mysql_url) as cursor:
@@ -1020,3 +1024,43 @@ async def test_a_slot_denial_names_long_owners_whole(mysql_url: str, mysql_table
             assert (await provider.acquire_slot("k", owner, LONG_MS, limit=16)).acquired
         denied = await provider.acquire_slot("k", "late", LONG_MS, limit=16)
     assert (denied.acquired, denied.held, denied.holders) == (False, 16, tuple(owners))
+
+
+async def test_a_callers_pool_without_autocommit_is_refused_before_it_writes(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # asyncmy's own default is autocommit off. A statement there opens a transaction
+    # that nothing commits, and the pool drops a connection given back inside one (a
+    # rollback): a lease granted to "a" was gone, and "b" was granted it too, while a
+    # released slot came back. The provider refuses such a connection before any
+    # statement, its first (the schema's) included.
+    parsed = parse_url(mysql_url, schemes=("mysql", "mariadb"), default_port=3306)
+    endpoint = parsed.endpoints[0]
+    pool = await asyncmy.create_pool(
+        minsize=1,
+        maxsize=1,
+        host=endpoint.host,
+        port=endpoint.port,
+        user=parsed.username,
+        password=parsed.password or "",
+        autocommit=False,
+    )
+    provider = MySQLLeaseProvider(pool, table=mysql_table)
+    try:
+        for attempt in range(2):
+            with pytest.raises(leasekit.InvalidLeaseArgument, match="autocommit") as caught:
+                await provider.acquire_lease("k", f"o{attempt}", LONG_MS)
+            assert caught.value.argument == "client"
+    finally:
+        await provider.aclose()
+        pool.close()
+        await pool.wait_closed()
+    database, name = mysql_table.split(".")
+    async with admin(mysql_url) as cursor:
+        created = await one(
+            cursor,
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
+            " AND table_name LIKE %s",
+            (database, f"{name}%"),
+        )
+    assert created == 0

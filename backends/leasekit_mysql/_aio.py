@@ -20,7 +20,7 @@ from asyncmy.connection import Connection
 from asyncmy.cursors import Cursor
 from asyncmy.pool import Pool
 
-from leasekit import LeaseProviderClosed
+from leasekit import InvalidLeaseArgument, LeaseProviderClosed
 from leasekit.backend import FifoGate, drive_async
 
 from ._ops import Op, Request
@@ -29,6 +29,16 @@ from ._options import BACKEND, LOST, MySQLSettings, error_code
 __all__ = ["AioTransport", "pool_options", "run"]
 
 _T = TypeVar("_T")
+
+# Every statement must be its own transaction. With autocommit off (asyncmy's default)
+# nothing commits a grant, and the pool rolls it back when it drops a connection given
+# back inside a transaction: another owner is then granted the same key. Checked on
+# each checkout (a caller may switch a pooled connection), before any statement.
+_NOT_AUTOCOMMIT = (
+    "must hand out autocommit connections (asyncmy.create_pool(..., autocommit=True)): "
+    "each leasekit statement commits on its own, and a grant left in an open "
+    "transaction is rolled back when the pool drops the connection"
+)
 
 
 def pool_options(settings: MySQLSettings) -> dict[str, Any]:
@@ -171,6 +181,8 @@ class _Session:
         if cursor is None:  # the operation's first statement
             conn = self.conn = await self.transport._checkout()
             self.placed = True
+            if not conn.get_autocommit():  # the server's status bit: no round trip
+                raise InvalidLeaseArgument.for_argument("client", _NOT_AUTOCOMMIT)
             cursor = self.cursor = conn.cursor()
         elif not self.healthy:
             cursor = await self._reconnect()
