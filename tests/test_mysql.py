@@ -1064,3 +1064,40 @@ async def test_a_callers_pool_without_autocommit_is_refused_before_it_writes(
             (database, f"{name}%"),
         )
     assert created == 0
+
+
+@pytest.mark.parametrize("first_use", [True, False], ids=["new-key", "known-key"])
+async def test_a_slot_acquire_waits_for_the_keys_lock_and_counts_what_its_holder_committed(
+    mysql_url: str, mysql_table: str, first_use: bool
+) -> None:
+    # Another transaction holds the key's row lock (taking it as the procedure does:
+    # for a key with no row yet, by inserting the row) and writes a slot of limit 1.
+    # Two acquires queue behind it; once it commits, both must count its slot and be
+    # denied: the procedure takes the key's lock before it reads, and its reads see
+    # what the lock's previous holder committed.
+    keys, slots = quoted(f"{mysql_table}_slot_keys"), quoted(f"{mysql_table}_slots")
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as provider:
+        await provider.migrate()
+        async with admin(mysql_url) as cursor:
+            if not first_use:
+                await cursor.execute(f"INSERT INTO {keys} VALUES ('k', 1, 0, NULL, NULL)")
+            await cursor.execute("START TRANSACTION")
+            await cursor.execute(
+                f"INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES ('k', 1, 0)"
+                " ON DUPLICATE KEY UPDATE lease_key = lease_key"
+            )
+            await cursor.execute(
+                f"INSERT INTO {slots} VALUES"
+                " ('k', 'x', 100, UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, FALSE)"
+            )
+            await cursor.execute(f"UPDATE {keys} SET last_token = 100 WHERE lease_key = 'k'")
+            racing = [
+                asyncio.ensure_future(provider.acquire_slot("k", owner, LONG_MS, limit=1))
+                for owner in ("a", "b")
+            ]
+            await asyncio.sleep(0.3)
+            assert not any(call.done() for call in racing)  # waiting for the key's lock
+            await cursor.execute("COMMIT")
+            results = await asyncio.gather(*racing)
+        assert [(r.acquired, r.held, r.holders) for r in results] == [(False, 1, ("x",))] * 2
+        assert [r.owner for r in await provider.get_slot_holders("k")] == ["x"]
