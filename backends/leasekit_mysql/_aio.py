@@ -172,6 +172,7 @@ class _Session:
         transport._checkin(lost, healthy=False, keep_place=True)
         self.conn = await transport._fresh()
         self.healthy = True
+        _check_autocommit(self.conn)
         self.cursor = self.conn.cursor()
         return self.cursor
 
@@ -181,8 +182,7 @@ class _Session:
         if cursor is None:  # the operation's first statement
             conn = self.conn = await self.transport._checkout()
             self.placed = True
-            if not conn.get_autocommit():  # the server's status bit: no round trip
-                raise InvalidLeaseArgument.for_argument("client", _NOT_AUTOCOMMIT)
+            _check_autocommit(conn)
             cursor = self.cursor = conn.cursor()
         elif not self.healthy:
             cursor = await self._reconnect()
@@ -208,6 +208,12 @@ class _Session:
             self.healthy = True
             return row
         return count
+
+
+def _check_autocommit(conn: Connection) -> None:
+    """Refuse a connection with autocommit off (the server's status bit: no round trip)."""
+    if not conn.get_autocommit():
+        raise InvalidLeaseArgument.for_argument("client", _NOT_AUTOCOMMIT)
 
 
 async def _nothing() -> None:
