@@ -209,10 +209,33 @@ def no_table() -> Exception:
     return pymysql.err.ProgrammingError(1146, "Table 'db.leases_meta' doesn't exist")
 
 
+def slots_present(schema: _ops.Schema) -> list[Any]:
+    """The replies to the two looks at the slot tables and procedures: all there."""
+    ddl = schema.ddl
+    tables = [(ddl.slot_names[name],) for name in ddl.create_slot_tables]
+    routines = [(ddl.routine_names[name],) for name in ddl.create_routines]
+    return [tables, routines]
+
+
+def slots_created(schema: _ops.Schema, tokens: int = _sql.TOKENS_SEQUENCE) -> list[str]:
+    """What creating every slot table and procedure sends (schema version 3): the
+    procedures draw tokens from the table's source."""
+    ddl = _sql.Statements(schema.table, tokens)
+    return [
+        ddl.existing_slot_tables,
+        *ddl.create_slot_tables.values(),
+        ddl.existing_routines,
+        *ddl.create_routines.values(),
+    ]
+
+
 def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
     schema = _ops.Schema(SETTINGS)
     meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_SEQUENCE)]
-    replies: list[Any] = [no_table(), [("leases",)], ("10.11.6-MariaDB",), (1,), 0, 0, 1, meta]
+    # Another process created one procedure between our look and our CREATE: fine.
+    exists = pymysql.err.OperationalError(1304, "PROCEDURE leases_slot_move already exists")
+    replies: list[Any] = [no_table(), [("leases",)], ("10.11.6-MariaDB",), (1,), 0, 0]
+    replies += [[], 0, 0, 0, 0, [], 0, exists, 0, 1, meta]
     ready, sent = run(_ops.ready(schema), replies)
     assert schema.sql is ready
     assert ready.acquire == STATEMENTS.acquire  # the sequence's statements
@@ -224,6 +247,7 @@ def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
         ddl.has_metadata,  # the table was there already, with its metadata column
         ddl.create_sequence,
         ddl.create_meta,
+        *slots_created(schema),
         ddl.record_meta,
         ddl.meta,
     ]
@@ -233,7 +257,7 @@ def test_first_use_creates_what_is_missing_then_reads_the_meta() -> None:
 def test_mysql_gets_clock_tokens_and_an_existing_table_keeps_its_source() -> None:
     schema = _ops.Schema(SETTINGS)
     meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
-    replies: list[Any] = [no_table(), [], ("8.0.36",), 0, 0, 1, meta]
+    replies: list[Any] = [no_table(), [], ("8.0.36",), 0, 0, *slots_present(schema), 1, meta]
     ready, sent = run(_ops.ready(schema), replies)
     assert ddl_names(sent, schema) == ["create_table", "create_meta"]
     assert ready.acquire != STATEMENTS.acquire
@@ -258,18 +282,27 @@ def test_a_missing_table_without_create_schema_names_migrate() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     schema = _ops.Schema(SETTINGS)
-    with pytest.raises(LeaseBackendError, match="schema version 3"):
-        run(_ops.ready(schema), [[("schema_version", 3), ("tokens", 1)]])
+    newer = _sql.SCHEMA_VERSION + 1
+    with pytest.raises(LeaseBackendError, match=f"schema version {newer}"):
+        run(_ops.ready(schema), [[("schema_version", newer), ("tokens", 1)]])
 
 
 def test_migrate_creates_then_reads() -> None:
     schema = _ops.Schema(_options.settings({"table": "db.leases", "tokens": "clock"}))
     present = [("leases",), ("leases_meta",)]
     meta = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
-    version, sent = run(_ops.migrate(schema), [present, (1,), 1, meta])
+    replies = [present, (1,), *slots_present(schema), 1, meta]
+    version, sent = run(_ops.migrate(schema), replies)
     assert version == _sql.SCHEMA_VERSION
     ddl = schema.ddl
-    assert [s.sql for s in sent] == [ddl.existing, ddl.has_metadata, ddl.record_meta, ddl.meta]
+    assert [s.sql for s in sent] == [
+        ddl.existing,
+        ddl.has_metadata,
+        ddl.existing_slot_tables,
+        ddl.existing_routines,
+        ddl.record_meta,
+        ddl.meta,
+    ]
     assert schema.sql is not None
 
 
@@ -278,7 +311,7 @@ def test_a_version_1_table_gains_the_metadata_column_then_records_version_2() ->
     old = [("schema_version", 1), ("tokens", _sql.TOKENS_CLOCK)]
     new = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
     present = [("leases",), ("leases_meta",)]
-    replies: list[Any] = [old, present, None, 0, 1, new]
+    replies: list[Any] = [old, present, None, 0, *slots_present(schema), 1, new]
     ready, sent = run(_ops.ready(schema), replies)
     ddl = schema.ddl
     assert [s.sql for s in sent] == [
@@ -286,6 +319,8 @@ def test_a_version_1_table_gains_the_metadata_column_then_records_version_2() ->
         ddl.existing,  # the recorded token source is kept: no VERSION(), no sequence
         ddl.has_metadata,
         ddl.add_metadata,
+        ddl.existing_slot_tables,
+        ddl.existing_routines,
         ddl.record_meta,
         ddl.meta,
     ]
@@ -293,8 +328,28 @@ def test_a_version_1_table_gains_the_metadata_column_then_records_version_2() ->
     # Another process added the column between our look and our ALTER: fine.
     schema = _ops.Schema(SETTINGS)
     duplicate = pymysql.err.OperationalError(1060, "Duplicate column name 'metadata'")
-    replies = [old, present, None, duplicate, 1, new]
+    replies = [old, present, None, duplicate, *slots_present(schema), 1, new]
     assert run(_ops.ready(schema), replies)[0] is schema.sql
+
+
+def test_a_version_2_table_gains_the_slot_tables_and_procedures_then_records_version_3() -> None:
+    schema = _ops.Schema(SETTINGS)
+    old = [("schema_version", 2), ("tokens", _sql.TOKENS_CLOCK)]
+    new = [("schema_version", _sql.SCHEMA_VERSION), ("tokens", _sql.TOKENS_CLOCK)]
+    present = [("leases",), ("leases_meta",)]
+    replies: list[Any] = [old, present, (1,), [], 0, 0, 0, 0, [], 0, 0, 0, 1, new]
+    ready, sent = run(_ops.ready(schema), replies)
+    ddl = schema.ddl
+    assert [s.sql for s in sent] == [
+        ddl.meta,
+        ddl.existing,
+        ddl.has_metadata,  # version 2 has its metadata column: no ALTER
+        *slots_created(schema, _sql.TOKENS_CLOCK),
+        ddl.record_meta,
+        ddl.meta,
+    ]
+    assert sent[-2].params == {"tokens": _sql.TOKENS_CLOCK}
+    assert schema.sql is ready
 
 
 def test_a_version_1_table_without_create_schema_names_migrate() -> None:
