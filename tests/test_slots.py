@@ -28,10 +28,14 @@ pytestmark = pytest.mark.anyio
 LONG_MS = 60_000
 
 
-@pytest.fixture(params=["memory", "sqlite", "etcd"])
+@pytest.fixture(params=["memory", "sqlite", "etcd", "mysql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://slots-{uuid.uuid4().hex}"  # named: every provider of it shares it
+    if request.param == "mysql":
+        mysql: str = request.getfixturevalue("mysql_url")
+        table = request.getfixturevalue("mysql_table")
+        return f"{mysql}{'&' if '?' in mysql else '?'}table={table}"
     if request.param == "etcd":
         server: str = request.getfixturevalue("etcd_url")
         return f"{server}?prefix={request.getfixturevalue('etcd_prefix')}"
