@@ -4,8 +4,11 @@ Only I/O: :func:`run` checks a connection out (behind a
 :class:`~leasekit.backend.FifoGate`), drives an ``_ops`` operation on it with
 :func:`~leasekit.backend.drive_async`, and gives the connection back (or drops it, if
 a statement failed on the client's side: lost, cancelled). After a lost connection
-the operation's next statement goes to a fresh one. Deadlines and error mapping are
-the provider's (``BackendProvider._call``).
+the operation's next statement goes to a fresh one. A connection dropped because its
+caller stopped waiting (cancelled, or its deadline passed) leaves its statement running
+on the server: the next operation first ends that session there (``_ops.fence``), so
+nothing sent later can be overtaken by it. Deadlines and error mapping are the
+provider's (``BackendProvider._call``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from asyncmy.pool import Pool
 from leasekit import InvalidLeaseArgument, LeaseProviderClosed
 from leasekit.backend import FifoGate, drive_async
 
+from . import _ops
 from ._ops import Op, Request
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
@@ -55,7 +59,7 @@ def pool_options(settings: MySQLSettings) -> dict[str, Any]:
 class AioTransport:
     """asyncmy's pool (the caller's, or one built at first use from ``options``)."""
 
-    __slots__ = ("_gate", "_lock", "_options", "pool")
+    __slots__ = ("_gate", "_lock", "_options", "dropped", "pool")
 
     def __init__(self, pool: Pool | None, options: Mapping[str, Any] | None) -> None:
         self.pool = pool
@@ -65,6 +69,8 @@ class AioTransport:
         # all of timeout_s. Only a holder of the gate (the pool's size) asks the pool.
         self._gate: FifoGate | None = None if pool is None else FifoGate(pool.maxsize)
         self._lock = asyncio.Lock()
+        # Server ids of sessions cut off mid-statement, not yet known to have ended.
+        self.dropped: set[int] = set()
 
     def run(self, operation: Op[_T]) -> Coroutine[Any, Any, _T]:
         """Drive ``operation`` on one pooled connection (a fresh one after a lost one)."""
@@ -107,10 +113,24 @@ class AioTransport:
         except RuntimeError:
             raise LeaseProviderClosed(backend=BACKEND) from None
 
-    def _checkin(self, conn: Connection | None, *, healthy: bool, keep_place: bool = False) -> None:
-        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter."""
+    def _checkin(
+        self,
+        conn: Connection | None,
+        *,
+        healthy: bool,
+        keep_place: bool = False,
+        cut: bool = False,
+    ) -> None:
+        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter.
+
+        ``cut``: dropped because its caller stopped waiting for a statement, which may
+        still run on the server: the next operation ends its session first.
+        """
         try:
             if conn is not None and not healthy:
+                if cut:
+                    self.dropped.add(_session_id(conn))
+                    self.dropped.discard(0)
                 conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
             if conn is not None and self.pool is not None:
                 self.pool.release(conn)  # a closed connection leaves the pool here
@@ -148,22 +168,27 @@ async def run(
         assert current is not None
     session = _Session(current)
     try:
+        if current.dropped:
+            fenced = tuple(current.dropped)
+            await drive_async(_ops.fence(fenced), session.exchange)
+            current.dropped.difference_update(fenced)
         return await drive_async(operation, session.exchange)
     finally:
         if session.placed:
-            current._checkin(session.conn, healthy=session.healthy)
+            current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
 
 
 class _Session:
     """One operation's connection and cursor, and whether the connection is still sound."""
 
-    __slots__ = ("conn", "cursor", "healthy", "placed", "transport")
+    __slots__ = ("conn", "cursor", "cut", "healthy", "placed", "transport")
 
     def __init__(self, transport: AioTransport) -> None:
         self.transport = transport
         self.conn: Connection | None = None
         self.cursor: Cursor | None = None
         self.healthy = True
+        self.cut = False  # its caller stopped waiting for a statement's answer
         self.placed = False  # holds a place at the gate
 
     async def _reconnect(self) -> Cursor:
@@ -192,6 +217,13 @@ class _Session:
         except driver_errors.MySQLError as exc:
             code = error_code(exc)
             self.healthy = code is not None and code < 2000 and code not in LOST
+            if code in LOST:
+                # The server may have restarted: its session ids start again, and one
+                # remembered to be ended may now be another session's.
+                self.transport.dropped.clear()
+            raise
+        except BaseException:
+            self.cut = True  # cancelled: the statement may still run on the server
             raise
         self.healthy = True
         if reads == "lastrowid":
@@ -218,3 +250,11 @@ def _check_autocommit(conn: Connection) -> None:
 
 async def _nothing() -> None:
     return None
+
+
+def _session_id(conn: Connection) -> int:
+    """The server's id of ``conn``'s session (from its handshake; 0: none yet)."""
+    try:
+        return int(conn.thread_id())
+    except (AttributeError, TypeError):  # the handshake never completed
+        return 0
