@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from functools import partial
 from typing import Any, TypeVar
 
 import asyncmy
@@ -86,9 +85,9 @@ class AioTransport:
         self._statements = statements
         self._group_sql: GroupStatements | None = None
         self._group_tasks: set[asyncio.Task[Any]] = set()
-        self.acquires: Group[Request] = Group(partial(send_acquires, self, self._grouped_sql))
-        self.releases: Group[Request] = Group(partial(send_releases, self, self._grouped_sql))
-        self.renewals: Group[Request] = Group(partial(send_renewals, self, self._grouped_sql))
+        self.acquires: Group[Request] = Group(send_acquires)
+        self.releases: Group[Request] = Group(send_releases)
+        self.renewals: Group[Request] = Group(send_renewals)
 
     def run(self, operation: Op[_T]) -> Coroutine[Any, Any, _T]:
         """Drive ``operation`` on one pooled connection (a fresh one after a lost one)."""
@@ -99,7 +98,8 @@ class AioTransport:
 
     # -- groups (leasekit.backend.GroupTransport) ---------------------------------------
 
-    def _grouped_sql(self) -> GroupStatements:
+    def group_statements(self) -> GroupStatements:
+        """The grouped statements of the table (rendered per group size, kept)."""
         statements = self._statements()
         grouped = self._group_sql
         if grouped is None or grouped.sql is not statements:

@@ -34,7 +34,6 @@ never reused: its connection is closed, so an unfinished transaction is rolled b
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._ops import Request
@@ -160,14 +159,12 @@ _RELEASE = (("k", "key"), ("o", "owner"))
 _RENEW = (("k", "key"), ("o", "owner"), ("ttl", "ttl_us"))
 
 
-async def send_acquires(
-    io: AioTransport, statements: Callable[[], GroupStatements], requests: list[Request]
-) -> list[Any]:
+async def send_acquires(io: AioTransport, requests: list[Request]) -> list[Any]:
     """Each acquire's reply as its single statement's: the token if granted, else 0."""
     if len(requests) == 1:
         return [await io.exchange_one(requests[0])]
-    count = len(requests)
-    rows = await io.exchange_group(statements().acquire(count), _params(requests, _ACQUIRE))
+    text = io.group_statements().acquire(len(requests))
+    rows = await io.exchange_group(text, _params(requests, _ACQUIRE))
     decided = {bytes(key): (bytes(owner), int(token)) for key, owner, token in rows}
     replies: list[Any] = []
     for _, params, _ in requests:
@@ -177,23 +174,19 @@ async def send_acquires(
     return replies
 
 
-async def send_releases(
-    io: AioTransport, statements: Callable[[], GroupStatements], requests: list[Request]
-) -> list[Any]:
+async def send_releases(io: AioTransport, requests: list[Request]) -> list[Any]:
     """Each release's reply as its single statement's: its row count, 1 or 0."""
     if len(requests) == 1:
         return [await io.exchange_one(requests[0])]
-    text = statements().release(len(requests))
+    text = io.group_statements().release(len(requests))
     return _positions(await io.exchange_group(text, _params(requests, _RELEASE)), len(requests))
 
 
-async def send_renewals(
-    io: AioTransport, statements: Callable[[], GroupStatements], requests: list[Request]
-) -> list[Any]:
+async def send_renewals(io: AioTransport, requests: list[Request]) -> list[Any]:
     """Each renewal's reply as its single statement's: its row count, 1 or 0."""
     if len(requests) == 1:
         return [await io.exchange_one(requests[0])]
-    text = statements().renew(len(requests))
+    text = io.group_statements().renew(len(requests))
     return _positions(await io.exchange_group(text, _params(requests, _RENEW)), len(requests))
 
 

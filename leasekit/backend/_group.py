@@ -71,7 +71,8 @@ class GroupTransport(Protocol):
     """What :func:`grouped` needs of a backend's transport.
 
     ``extra`` is whatever the backend passed to :func:`grouped` for the call (how to
-    build its operation again for a retry, say), handed back unchanged.
+    build its operation again for a retry, say), handed back unchanged; None for the
+    rest of an operation after its group's reply.
     """
 
     def run_alone(self, operation: Generator[Any, Any, _T], extra: Any) -> Coroutine[Any, Any, _T]:
@@ -138,17 +139,18 @@ class _Failed:
 class Group(Generic[_Q]):
     """The calls of one kind: those in flight (by key) and those waiting.
 
-    ``send(requests)`` sends the members' first requests (sorted by key; one request:
-    the single statement, alone) and returns each member's reply, in that order, as its
-    single statement would have answered. At most ``in_flight`` statements of the
-    kind are in flight at once, each deciding at most ``most`` calls.
+    ``send(io, requests)`` sends the members' first requests (sorted by key; one
+    request: the single statement, alone) through the transport ``io`` and returns each
+    member's reply, in that order, as its single statement would have answered. At
+    most ``in_flight`` statements of the kind are in flight at once, each deciding at
+    most ``most`` calls.
     """
 
     __slots__ = ("busy", "grouped", "in_flight", "limit", "most", "send", "waiting")
 
     def __init__(
         self,
-        send: Callable[[list[_Q]], Coroutine[Any, Any, list[Any]]],
+        send: Callable[[Any, list[_Q]], Coroutine[Any, Any, list[Any]]],
         *,
         in_flight: int = GROUP_IN_FLIGHT,
         most: int = MAX_GROUP,
@@ -273,8 +275,9 @@ async def join_group(
         follow_up = operation.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
-    # The operation goes on alone (a second read): on a connection of its own.
-    return await io.run_alone(resume(follow_up, operation), extra)
+    # The operation goes on alone (a second read): on a connection of its own, and with
+    # no ``extra`` (what it had sent is answered: it is not built and run again).
+    return await io.run_alone(resume(follow_up, operation), None)
 
 
 def resume(request: Any, operation: Generator[Any, Any, _T]) -> Generator[Any, Any, _T]:
@@ -321,7 +324,7 @@ def send_waiting(io: GroupTransport, group: Group[Any]) -> None:
         sending = _Sending(members)
         for member in members:
             member.sending = sending
-        sending.task = task = io.start(group.send([member.request for member in members]))
+        sending.task = task = io.start(group.send(io, [member.request for member in members]))
         # A callback, not the task's own code: it runs even if the task is cancelled
         # before its first step.
         task.add_done_callback(partial(_sent, io, group, members))
