@@ -156,10 +156,17 @@ async def test_a_group_mixing_grant_deny_and_error_gives_each_caller_its_own_ans
     assert await p.get_lease_owner("locked") in {None, "a"}
 
 
+@pytest.mark.parametrize("tokens", ["sequence", "clock"])
 async def test_a_group_decides_each_member_as_the_single_statement_would(
-    provider: MySQLLeaseProvider, mysql_url: str, mysql_table: str
+    mysql_url: str, mysql_table: str, tokens: str
 ) -> None:
-    p = provider
+    async with MySQLLeaseProvider.from_url(
+        mysql_url, table=mysql_table, timeout_s=3.0, tokens=tokens
+    ) as p:
+        await decided_as_alone(p, mysql_url, mysql_table)
+
+
+async def decided_as_alone(p: MySQLLeaseProvider, mysql_url: str, mysql_table: str) -> None:
     held = [f"held-{i}" for i in range(IN_FLIGHT)]
     await make_rows(p, held)
     mine = await p.acquire_lease("mine", "a", LONG_MS)
