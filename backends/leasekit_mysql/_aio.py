@@ -264,16 +264,24 @@ async def run_grouped(
         current = transport()
         assert current is not None
     group: Group[Request] = getattr(current, kind)
-    if not group.free(key):
+    busy = group.busy
+    # Group.free, enter and leave, inline: every acquire, release and renewal passes here.
+    if group.in_flight >= group.limit or group.waiting or key in busy:
         return await join_group(current, group, key, operation)
-    group.enter(key)
+    group.in_flight += 1
+    busy[key] = busy.get(key, 0) + 1
     session = _Session(current)
     try:
         return await drive_async(operation, session.exchange)
     finally:
         if session.placed:
             current._checkin(session.conn, healthy=session.healthy)
-        group.leave(key)
+        group.in_flight -= 1
+        left = busy[key] - 1
+        if left:
+            busy[key] = left
+        else:
+            del busy[key]
         if group.waiting:
             send_waiting(current, group)
 
