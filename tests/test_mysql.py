@@ -736,6 +736,79 @@ async def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recov
         await exercise_every_operation(p, "after-stall")
 
 
+async def alive(url: str, threads: set[int]) -> set[int]:
+    """Which of the server sessions ``threads`` are still in the process list."""
+    async with admin(url) as cursor:
+        await cursor.execute("SELECT id FROM information_schema.processlist")
+        return {int(thread) for (thread,) in await cursor.fetchall()} & threads
+
+
+async def test_a_cancelled_acquire_still_waiting_on_the_server_never_lands_after_its_undo(
+    mysql_url: str, mysql_table: str
+) -> None:
+    """Its statement waits on the server when the caller is cancelled (async).
+
+    The toolkit undoes the grant with a release, but the cancelled statement was not
+    stopped by closing its connection: it waits for a lock another session holds, and
+    runs when that lock goes. The undo must not run before the statement can no longer
+    land (the provider ends the session on the server first): otherwise the key stays
+    held, for its whole TTL, by an owner told it was cancelled. Under load the same
+    happens without any lock: the server runs the statement late, after the undo.
+    """
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as p:
+        await p.acquire_lease("other", "x", LONG_MS)  # the table exists
+        # No row for "k" yet: the locking read takes the gap, where an insert of "k"
+        # waits, and where a release finds nothing to wait for.
+        async with row_locked(mysql_url, mysql_table) as cursor:
+            task = asyncio.ensure_future(p.acquire_lease("k", "a", LONG_MS))
+            waiting: set[int] = set()
+
+            async def stalled() -> bool:
+                waiting.update(await running_on(mysql_url, mysql_table))
+                return bool(waiting)
+
+            await eventually(stalled, "the acquire to wait for the gap lock")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await p.aclose()  # waits for the undo
+            await cursor.execute("ROLLBACK")
+        # Whatever the cancelled statement was going to do is done once its session is.
+        await eventually(lambda: _none(alive(mysql_url, waiting)), "the cancelled session to end")
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as q:
+        assert await q.get_lease_owner("k") is None
+
+
+async def test_a_timed_out_blocking_acquire_never_lands_after_the_next_call(
+    mysql_url: str, mysql_table: str
+) -> None:
+    """The same through the blocking provider: a statement cut off by its timeout.
+
+    The acquire's statement still waits for the gap lock when its read times out
+    (``timeout_s`` 2.1 s; the server gives up the lock wait only at 3 s, the timeout
+    rounded up). The caller releases, as ``leasekit.sync.hold`` does after an unknown
+    outcome, and the lock goes: that release must not run before the cut-off statement
+    can no longer land. (On a machine too slow to release and unlock within the 0.9 s
+    between the two, the statement gives up on the server and the check passes.)
+    """
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as first:
+        await first.acquire_lease("other", "x", LONG_MS)  # the table exists
+        with MySQLLeaseProvider.sync_from_url(mysql_url, table=mysql_table, timeout_s=2.1) as p:
+            await asyncio.to_thread(p.get_lease_owner, "other")  # it has read the schema
+            async with row_locked(mysql_url, mysql_table) as cursor:
+                with pytest.raises(leasekit.LeaseBackendTimeout):
+                    await asyncio.to_thread(p.acquire_lease, "k", "a", LONG_MS)
+                await asyncio.to_thread(p.release_lease, "k", "a")
+                waiting = await running_on(mysql_url, mysql_table)
+                await cursor.execute("ROLLBACK")
+        await eventually(lambda: _none(alive(mysql_url, waiting)), "the cut-off session to end")
+        assert await first.get_lease_owner("k") is None
+
+
+async def _none(pending: Any) -> bool:
+    return not await pending
+
+
 @pytest.mark.slow
 async def test_a_paused_server_is_a_timeout_within_the_timeout_then_recovers(
     private_mariadb_server: MariaDBServer,

@@ -4,8 +4,11 @@ Only I/O: :func:`run` checks a connection out (behind a
 :class:`~leasekit.backend.FifoGate`), drives an ``_ops`` operation on it with
 :func:`~leasekit.backend.drive_async`, and gives the connection back (or drops it, if
 a statement failed on the client's side: lost, cancelled). After a lost connection
-the operation's next statement goes to a fresh one. Deadlines and error mapping are
-the provider's (``BackendProvider._call``).
+the operation's next statement goes to a fresh one. A connection dropped because its
+caller stopped waiting (cancelled, or its deadline passed) leaves its statement running
+on the server: the next operation first ends that session there (``_ops.fence``), so
+nothing sent later can be overtaken by it. Deadlines and error mapping are the
+provider's (``BackendProvider._call``).
 
 Acquires, releases and renewals go through :func:`run_grouped`: alone when nothing of
 their kind is in flight, else together with the others waiting, in one statement
@@ -35,6 +38,7 @@ from leasekit.backend import (
     send_waiting,
 )
 
+from . import _ops
 from ._group import GroupStatements, send_acquires, send_releases, send_renewals
 from ._ops import Op, Request, Statements
 from ._options import BACKEND, LOST, MySQLSettings, error_code
@@ -66,6 +70,7 @@ class AioTransport:
         "_options",
         "_statements",
         "acquires",
+        "dropped",
         "pool",
         "releases",
         "renewals",
@@ -81,6 +86,8 @@ class AioTransport:
         # all of timeout_s. Only a holder of the gate (the pool's size) asks the pool.
         self._gate: FifoGate | None = None if pool is None else FifoGate(pool.maxsize)
         self._lock = asyncio.Lock()
+        # Server ids of sessions cut off mid-statement, not yet known to have ended.
+        self.dropped: set[int] = set()
         # Calls that arrive while one of their kind is in flight go out together (_group).
         self._statements = statements
         self._group_sql: GroupStatements | None = None
@@ -150,7 +157,7 @@ class AioTransport:
         failed midway leaves the transaction open.
         """
         conn = await self._checkout()
-        healthy = False
+        healthy = cut = False
         try:
             cursor = conn.cursor()
             await cursor.execute(sql, params)
@@ -162,8 +169,15 @@ class AioTransport:
                     break
             healthy = True
             return rows
+        except driver_errors.MySQLError as exc:
+            if error_code(exc) in LOST:
+                self.dropped.clear()  # the server may have restarted (see _Session)
+            raise
+        except BaseException:
+            cut = True  # cancelled: the request may still run on the server
+            raise
         finally:
-            self._checkin(conn, healthy=healthy)
+            self._checkin(conn, healthy=healthy, cut=cut)
 
     async def _checkout(self) -> Connection:
         """A connection, for callers in arrival order (within the operation's deadline)."""
@@ -199,10 +213,24 @@ class AioTransport:
         except RuntimeError:
             raise LeaseProviderClosed(backend=BACKEND) from None
 
-    def _checkin(self, conn: Connection | None, *, healthy: bool, keep_place: bool = False) -> None:
-        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter."""
+    def _checkin(
+        self,
+        conn: Connection | None,
+        *,
+        healthy: bool,
+        keep_place: bool = False,
+        cut: bool = False,
+    ) -> None:
+        """Give ``conn`` back, or drop it if broken; then its place, to the next waiter.
+
+        ``cut``: dropped because its caller stopped waiting for a statement, which may
+        still run on the server: the next operation ends its session first.
+        """
         try:
             if conn is not None and not healthy:
+                if cut:
+                    self.dropped.add(_session_id(conn))
+                    self.dropped.discard(0)
                 conn.close()  # mid-statement (cancelled, lost): its protocol state is unknown
             if conn is not None and self.pool is not None:
                 self.pool.release(conn)  # a closed connection leaves the pool here
@@ -242,10 +270,14 @@ async def run(
         assert current is not None
     session = _Session(current)
     try:
+        if current.dropped:
+            fenced = tuple(current.dropped)
+            await drive_async(_ops.fence(fenced), session.exchange)
+            current.dropped.difference_update(fenced)
         return await drive_async(operation, session.exchange)
     finally:
         if session.placed:
-            current._checkin(session.conn, healthy=session.healthy)
+            current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
 
 
 async def run_grouped(
@@ -272,10 +304,14 @@ async def run_grouped(
     busy[key] = busy.get(key, 0) + 1
     session = _Session(current)
     try:
+        if current.dropped:
+            fenced = tuple(current.dropped)
+            await drive_async(_ops.fence(fenced), session.exchange)
+            current.dropped.difference_update(fenced)
         return await drive_async(operation, session.exchange)
     finally:
         if session.placed:
-            current._checkin(session.conn, healthy=session.healthy)
+            current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
         group.in_flight -= 1
         left = busy[key] - 1
         if left:
@@ -289,13 +325,14 @@ async def run_grouped(
 class _Session:
     """One operation's connection and cursor, and whether the connection is still sound."""
 
-    __slots__ = ("conn", "cursor", "healthy", "placed", "transport")
+    __slots__ = ("conn", "cursor", "cut", "healthy", "placed", "transport")
 
     def __init__(self, transport: AioTransport) -> None:
         self.transport = transport
         self.conn: Connection | None = None
         self.cursor: Cursor | None = None
         self.healthy = True
+        self.cut = False  # its caller stopped waiting for a statement's answer
         self.placed = False  # holds a place at the gate
 
     async def _reconnect(self) -> Cursor:
@@ -322,6 +359,13 @@ class _Session:
         except driver_errors.MySQLError as exc:
             code = error_code(exc)
             self.healthy = code is not None and code < 2000 and code not in LOST
+            if code in LOST:
+                # The server may have restarted: its session ids start again, and one
+                # remembered to be ended may now be another session's.
+                self.transport.dropped.clear()
+            raise
+        except BaseException:
+            self.cut = True  # cancelled: the statement may still run on the server
             raise
         self.healthy = True
         if reads == "lastrowid":
@@ -335,6 +379,14 @@ class _Session:
 
 async def _nothing() -> None:
     return None
+
+
+def _session_id(conn: Connection) -> int:
+    """The server's id of ``conn``'s session (from its handshake; 0: none yet)."""
+    try:
+        return int(conn.thread_id())
+    except (AttributeError, TypeError):  # the handshake never completed
+        return 0
 
 
 def _one(request: Request) -> Op[Any]:

@@ -27,6 +27,7 @@ import pymysql  # type: ignore[import-untyped]  # (no stubs)
 from leasekit import LeaseProviderClosed
 from leasekit.backend import drive
 
+from . import _ops
 from ._ops import Op, Request
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
@@ -39,7 +40,7 @@ _MIN_TIMEOUT_S = 0.001  # PyMySQL refuses a timeout of 0; this fails at once ins
 class BlockingTransport:
     """Up to ``pool_max_size`` PyMySQL connections (autocommit), shared by threads."""
 
-    __slots__ = ("_closed", "_cond", "_idle", "_kwargs", "_max", "_size", "timeout_s")
+    __slots__ = ("_closed", "_cond", "_dropped", "_idle", "_kwargs", "_max", "_size", "timeout_s")
 
     def __init__(self, settings: MySQLSettings) -> None:
         assert settings.connect is not None
@@ -51,6 +52,9 @@ class BlockingTransport:
         self._size = 0  # connections checked out or idle
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
+        # Server ids of sessions cut off mid-statement, not yet known to have ended:
+        # the next operation ends them first (``_ops.fence``).
+        self._dropped: set[int] = set()
 
     def run(self, operation: Op[_T], deadline: float | None = None) -> _T:
         """Drive ``operation`` on one pooled connection by ``deadline`` (or in ``timeout_s``)."""
@@ -58,9 +62,15 @@ class BlockingTransport:
             deadline = time.monotonic() + self.timeout_s
         session = _Session(self, self._checkout(deadline), deadline)
         try:
+            if self._dropped:
+                with self._cond:
+                    fenced = tuple(self._dropped)
+                drive(_ops.fence(fenced), session.exchange)
+                with self._cond:
+                    self._dropped.difference_update(fenced)
             return drive(operation, session.exchange)
         finally:
-            self._checkin(session.conn, healthy=session.healthy)
+            self._checkin(session.conn, healthy=session.healthy, cut=session.cut)
 
     def _checkout(self, deadline: float) -> Any:
         with self._cond:
@@ -104,13 +114,21 @@ class BlockingTransport:
             _close(dead)
         return self._connect(deadline)
 
-    def _checkin(self, conn: Any, *, healthy: bool) -> None:
+    def _checkin(self, conn: Any, *, healthy: bool, cut: bool = False) -> None:
+        """Give ``conn`` back, or close it if broken.
+
+        ``cut``: its statement timed out on the client, and may still run on the
+        server: the next operation ends its session first (``_ops.fence``).
+        """
         if healthy and not self._closed:
             with self._cond:
                 if not self._closed:
                     self._idle.append(conn)
                     self._cond.notify()
                     return
+        if cut:
+            with self._cond, contextlib.suppress(AttributeError, TypeError):
+                self._dropped.add(int(conn.thread_id()))
         _close(conn)
         self._forget(1)
 
@@ -134,13 +152,14 @@ def _close(conn: Any) -> None:
 class _Session:
     """One operation's connection and deadline, and whether the connection is still sound."""
 
-    __slots__ = ("conn", "deadline", "healthy", "transport")
+    __slots__ = ("conn", "cut", "deadline", "healthy", "transport")
 
     def __init__(self, transport: BlockingTransport, conn: Any, deadline: float) -> None:
         self.transport = transport
         self.conn = conn
         self.deadline = deadline
         self.healthy = True
+        self.cut = False  # a statement's answer timed out on the client
 
     def exchange(self, request: Request) -> Any:
         sql, params, reads = request
@@ -169,6 +188,13 @@ class _Session:
         except pymysql.MySQLError as exc:
             code = error_code(exc)
             self.healthy = code is not None and code < 2000 and code not in LOST
+            if isinstance(exc.__context__, TimeoutError):
+                self.cut = True  # PyMySQL's read timed out: the statement may still run
+            elif code in LOST:
+                # The server may have restarted: its session ids start again, and one
+                # remembered to be ended may now be another session's.
+                with self.transport._cond:
+                    self.transport._dropped.clear()
             raise
         self.healthy = True
         return reply

@@ -40,6 +40,7 @@ __all__ = [
     "Schema",
     "Statement",
     "acquire",
+    "fence",
     "inspect",
     "migrate",
     "owner",
@@ -63,6 +64,8 @@ Statements: TypeAlias = Callable[[], _sql.Statements]
 
 _DENIED_RETRIES = 3
 _DUPLICATE_COLUMN = 1060  # another process added the metadata column first
+_UNKNOWN_THREAD = 1094  # KILL of a session that has ended
+_NOT_ITS_OWNER = 1095  # KILL of another user's session without the privilege
 _ATTEMPTS = 3  # a deadlock victim runs again; a lost connection once more on a fresh one
 
 _log = logging.getLogger("leasekit.mysql")
@@ -417,3 +420,31 @@ def row_count(sql: Statements) -> Op[int]:
         return 0 if row is None else int(row[0])
 
     return _retrying(body)
+
+
+def fence(sessions: tuple[int, ...]) -> Op[None]:
+    """End the server ``sessions`` dropped mid-statement, and wait until they have ended.
+
+    A transport runs this before the next operation after it dropped a connection
+    whose statement had not answered (a cancelled or timed-out call): that statement
+    may still run on the server, later than anything sent after it on another
+    connection, such as the undo of the grant it may make. Killed, it either committed
+    already or never will; gone from the process list, it can no longer land. A
+    session already gone costs one round trip; one still there a KILL and, usually,
+    one more look.
+    """
+    for session in sessions:
+        if (yield Statement(_sql.SESSION_ALIVE, {"id": session}, "row")) is None:
+            continue  # it has ended already
+        try:
+            yield Statement(_sql.KILL_SESSION, {"id": session})
+        except Exception as exc:
+            code = error_code(exc)
+            if code == _NOT_ITS_OWNER:  # another user's session: the server says no
+                _log.warning("cannot end session %d cut off mid-statement: %s", session, exc)
+                continue
+            if code != _UNKNOWN_THREAD:
+                raise
+            continue  # it ended in between
+        while (yield Statement(_sql.SESSION_ALIVE, {"id": session}, "row")) is not None:
+            pass

@@ -88,6 +88,25 @@ _EXPIRES_IN = f"{NOW_UTC} + INTERVAL %(ttl_us)s MICROSECOND"
 _CUTOFF = "UTC_TIMESTAMP(6) - INTERVAL %(grace_us)s MICROSECOND"
 
 
+# -- a session dropped mid-statement ----------------------------------------------------
+
+# %(id)s: the server's id of a session whose connection the client dropped while a
+# statement of it was in flight (cancelled, timed out, lost). Closing the socket does not
+# stop that statement: one waiting for a lock, or merely queued on a loaded server, still
+# runs and commits later. KILL CONNECTION aborts it if it has not committed yet (a lock
+# wait ends at once) and ends the session; a statement not yet read from the socket
+# never runs. Error 1094 (no such thread): it has ended already.
+KILL_SESSION = "KILL CONNECTION %(id)s"
+
+# %(id)s -> a row while the session is still on the server. KILL returns before the
+# session has finished: once it is out of the process list, whatever its statement did
+# is done, and nothing of it can land any more. (Never the asking session itself: after
+# a restart the server hands out ids from 1 again.)
+SESSION_ALIVE = (
+    "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %(id)s AND ID <> CONNECTION_ID()"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TableName:
     """A validated table name, optionally qualified by its database."""
