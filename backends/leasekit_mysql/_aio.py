@@ -9,12 +9,16 @@ caller stopped waiting (cancelled, or its deadline passed) leaves its statement 
 on the server: the next operation first ends that session there (``_ops.fence``), so
 nothing sent later can be overtaken by it. Deadlines and error mapping are the
 provider's (``BackendProvider._call``).
+
+Acquires, releases and renewals go through :func:`run_grouped`: alone when nothing of
+their kind is in flight, else together with the others waiting, in one statement
+(``_group``, :mod:`leasekit.backend._group`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from typing import Any, TypeVar
 
 import asyncmy
@@ -24,13 +28,22 @@ from asyncmy.cursors import Cursor
 from asyncmy.pool import Pool
 
 from leasekit import InvalidLeaseArgument, LeaseProviderClosed
-from leasekit.backend import FifoGate, drive_async
+from leasekit.backend import (
+    FifoGate,
+    Group,
+    drive_async,
+    join_group,
+    resume,
+    resume_with,
+    send_waiting,
+)
 
 from . import _ops
-from ._ops import Op, Request
+from ._group import GroupStatements, send_acquires, send_releases, send_renewals
+from ._ops import Op, Request, Statements
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
-__all__ = ["AioTransport", "pool_options", "run"]
+__all__ = ["AioTransport", "pool_options", "run", "run_grouped"]
 
 _T = TypeVar("_T")
 
@@ -59,9 +72,23 @@ def pool_options(settings: MySQLSettings) -> dict[str, Any]:
 class AioTransport:
     """asyncmy's pool (the caller's, or one built at first use from ``options``)."""
 
-    __slots__ = ("_gate", "_lock", "_options", "dropped", "pool")
+    __slots__ = (
+        "_gate",
+        "_group_sql",
+        "_group_tasks",
+        "_lock",
+        "_options",
+        "_statements",
+        "acquires",
+        "dropped",
+        "pool",
+        "releases",
+        "renewals",
+    )
 
-    def __init__(self, pool: Pool | None, options: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, pool: Pool | None, options: Mapping[str, Any] | None, statements: Statements
+    ) -> None:
         self.pool = pool
         self._options = dict(options or {})
         # asyncmy hands a freed connection to whoever asks next, and a task that checks
@@ -71,6 +98,13 @@ class AioTransport:
         self._lock = asyncio.Lock()
         # Server ids of sessions cut off mid-statement, not yet known to have ended.
         self.dropped: set[int] = set()
+        # Calls that arrive while one of their kind is in flight go out together (_group).
+        self._statements = statements
+        self._group_sql: GroupStatements | None = None
+        self._group_tasks: set[asyncio.Task[Any]] = set()
+        self.acquires: Group[Request] = Group(send_acquires)
+        self.releases: Group[Request] = Group(send_releases)
+        self.renewals: Group[Request] = Group(send_renewals)
 
     def run(self, operation: Op[_T]) -> Coroutine[Any, Any, _T]:
         """Drive ``operation`` on one pooled connection (a fresh one after a lost one)."""
@@ -78,6 +112,85 @@ class AioTransport:
 
     def _itself(self) -> AioTransport:
         return self
+
+    # -- groups (leasekit.backend.GroupTransport) ---------------------------------------
+
+    def group_statements(self) -> GroupStatements:
+        """The grouped statements of the table (rendered per group size, kept)."""
+        statements = self._statements()
+        grouped = self._group_sql
+        if grouped is None or grouped.sql is not statements:
+            grouped = self._group_sql = GroupStatements(statements)
+        return grouped
+
+    def run_alone(self, operation: Generator[Any, Any, _T], extra: Any) -> Coroutine[Any, Any, _T]:
+        """Run ``operation`` on a connection of its own (a group's member going on alone)."""
+        return run(self._itself, _nothing, operation)
+
+    def recover(
+        self,
+        error: BaseException,
+        alone: bool,
+        request: Any,
+        operation: Generator[Any, Any, _T],
+        extra: Any,
+    ) -> Coroutine[Any, Any, _T]:
+        """A member's answer after its statement failed with ``error``.
+
+        A group's statement that failed on the server (a lock wait, a deadlock) was
+        rolled back whole: the member runs its own statement alone. Anything else (its
+        own statement's error, a lost connection) is thrown into its operation, which
+        retries or raises as if it had run alone all along.
+        """
+        if not alone and isinstance(error, driver_errors.MySQLError):
+            code = error_code(error)
+            if code is not None and code < 2000 and code not in LOST:
+                return run(self._itself, _nothing, resume(request, operation))
+        return run(self._itself, _nothing, resume_with(error, operation))
+
+    def start(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run a group's statement in a task of its own (:meth:`close` stops it)."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_tasks.discard)
+        task.add_done_callback(_consume_outcome)
+        return task
+
+    def exchange_one(self, request: Request) -> Coroutine[Any, Any, Any]:
+        """One member's own statement, alone, on a connection of its own: its reply."""
+        return run(self._itself, _nothing, _one(request))
+
+    async def exchange_group(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """A group's multi-statement request: the rows of its last result with columns.
+
+        Whatever goes wrong, the connection is closed, not given back: a statement that
+        failed midway leaves the transaction open.
+        """
+        conn = await self._checkout()
+        if not conn.get_autocommit():
+            self._checkin(conn, healthy=True)
+            _check_autocommit(conn)
+        healthy = cut = False
+        try:
+            cursor = conn.cursor()
+            await cursor.execute(sql, params)
+            rows: list[Any] = []
+            while True:
+                if cursor.description is not None:
+                    rows = list(await cursor.fetchall())
+                if not await cursor.nextset():
+                    break
+            healthy = True
+            return rows
+        except driver_errors.MySQLError as exc:
+            if error_code(exc) in LOST:
+                self.dropped.clear()  # the server may have restarted (see _Session)
+            raise
+        except BaseException:
+            cut = True  # cancelled: the request may still run on the server
+            raise
+        finally:
+            self._checkin(conn, healthy=healthy, cut=cut)
 
     async def _checkout(self) -> Connection:
         """A connection, for callers in arrival order (within the operation's deadline)."""
@@ -140,6 +253,8 @@ class AioTransport:
 
     async def close(self) -> None:
         """Close the pool; drop its sockets if the server does not answer."""
+        for task in list(self._group_tasks):
+            task.cancel()  # the provider drained its calls: nobody waits for these
         if self.pool is not None:
             self.pool.close()
             try:
@@ -176,6 +291,48 @@ async def run(
     finally:
         if session.placed:
             current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
+
+
+async def run_grouped(
+    transport: Callable[[], AioTransport | None],
+    ready: Callable[[], Awaitable[object]],
+    operation: Op[_T],
+    kind: str,
+    key: str,
+) -> _T:
+    """:func:`run`, for a call of a ``kind`` that groups (the transport's ``acquires``,
+    ``releases`` or ``renewals``): alone, as :func:`run`, if nothing of its kind is in
+    flight on ``key`` or waits; else in the next group."""
+    current = transport()
+    if current is None:
+        await ready()
+        current = transport()
+        assert current is not None
+    group: Group[Request] = getattr(current, kind)
+    busy = group.busy
+    # Group.free, enter and leave, inline: every acquire, release and renewal passes here.
+    if group.in_flight >= group.limit or group.waiting or key in busy:
+        return await join_group(current, group, key, operation)
+    group.in_flight += 1
+    busy[key] = busy.get(key, 0) + 1
+    session = _Session(current)
+    try:
+        if current.dropped:
+            fenced = tuple(current.dropped)
+            await drive_async(_ops.fence(fenced), session.exchange)
+            current.dropped.difference_update(fenced)
+        return await drive_async(operation, session.exchange)
+    finally:
+        if session.placed:
+            current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
+        group.in_flight -= 1
+        left = busy[key] - 1
+        if left:
+            busy[key] = left
+        else:
+            del busy[key]
+        if group.waiting:
+            send_waiting(current, group)
 
 
 class _Session:
@@ -258,3 +415,14 @@ def _session_id(conn: Connection) -> int:
         return int(conn.thread_id())
     except (AttributeError, TypeError):  # the handshake never completed
         return 0
+
+
+def _one(request: Request) -> Op[Any]:
+    """The operation that sends ``request`` and returns its reply."""
+    reply = yield request
+    return reply
+
+
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # handed to the group's members already

@@ -90,8 +90,8 @@ class MySQLLeaseProvider(BackendProvider):
             raise InvalidLeaseArgument.for_argument("client", rule)
         super().__init__(timeout_s=settings.timeout_s, owns_client=client is None or close_client)
         self._settings = settings
-        self._transport = AioTransport(client, pool_options)
         self._schema = _ops.Schema(settings)
+        self._transport = AioTransport(client, pool_options, self._schema.statements)
         self.table = str(settings.table)
         self.create_schema, self.tokens = settings.create_schema, settings.tokens
         self.sweep_every, self.sweep_batch = settings.sweep_every, settings.sweep_batch
@@ -132,6 +132,14 @@ class MySQLLeaseProvider(BackendProvider):
         """One bounded call (the toolkit's deadline) of ``op``."""
         return self._call(_aio.run(self._ready_transport, self._connect, op), key, grant)
 
+    def _run_grouped(
+        self, op: _ops.Op[_T], key: str, grant: Grant | None, kind: str
+    ) -> Awaitable[_T]:
+        """:meth:`_run` for a call that goes out with others of its ``kind`` in flight
+        (the transport's ``acquires``, ``releases``, ``renewals``: ``_group``)."""
+        call = _aio.run_grouped(self._ready_transport, self._connect, op, kind, key)
+        return self._call(call, key, grant)
+
     def _ready_transport(self) -> AioTransport | None:
         # Asked inside _call: a provider rebuilt there (a new loop, a fork) answers with
         # its new state; None until its schema is ready.
@@ -142,10 +150,15 @@ class MySQLLeaseProvider(BackendProvider):
         assert statements is not None  # the schema was made ready first
         return statements
 
-    async def _write(self, op: _ops.Op[_T], key: str, grant: Grant | None = None) -> _T:
+    async def _write(
+        self, op: _ops.Op[_T], key: str, grant: Grant | None = None, kind: str | None = None
+    ) -> _T:
         if grant is not None and self._undos:
             await self._after_undo(key, grant)
-        result = await self._run(op, key, grant)
+        if kind is None:
+            result = await self._run(op, key, grant)
+        else:
+            result = await self._run_grouped(op, key, grant, kind)
         if self.sweep_every and not self._sweeping:
             self._writes += 1
             if self._writes >= self.sweep_every:
@@ -176,7 +189,7 @@ class MySQLLeaseProvider(BackendProvider):
         """Acquire ``key``; ``metadata`` is stored with the grant (``Capabilities.metadata``)."""
         data = None if metadata is None else metadata_for(self, metadata)  # most have none
         op = _ops.acquire(self._statements, key, owner, ttl_ms, data)
-        return await self._write(op, key, owner)
+        return await self._write(op, key, owner, "acquires")
 
     async def get_lease_record(self, key: str) -> LeaseRecord | None:
         """Owner, token, metadata and time left (by the server's clock) of the live lease
@@ -187,11 +200,12 @@ class MySQLLeaseProvider(BackendProvider):
         return await self._run(_ops.owner(self._statements, key), key)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        await self._write(_ops.release(self._statements, key, owner), key)
+        await self._write(_ops.release(self._statements, key, owner), key, None, "releases")
 
     async def release_if_held(self, key: str, owner: str) -> bool:
         """Release ``key`` if ``owner`` holds it; whether it did (``SupportsReleaseReport``)."""
-        return await self._write(_ops.release(self._statements, key, owner), key) == 1
+        op = _ops.release(self._statements, key, owner)
+        return await self._write(op, key, None, "releases") == 1
 
     async def release_grant(self, key: str, owner: str, token: int) -> None:
         """Release ``key`` if ``owner`` holds it with ``token`` (``SupportsReleaseGrant``).
@@ -201,7 +215,8 @@ class MySQLLeaseProvider(BackendProvider):
         await self._write(_ops.release_grant(self._statements, key, owner, token), key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return await self._write(_ops.renew(self._statements, key, owner, ttl_ms), key)
+        op = _ops.renew(self._statements, key, owner, ttl_ms)
+        return await self._write(op, key, None, "renewals")
 
     async def transfer_lease(
         self,

@@ -146,6 +146,8 @@ class Statements:
             fresh, fresh_row = f"GREATEST(token + 1, {_MICROS})", _MICROS
             sweepable = "AND token < TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
             sweepable += " - %(grace_us)s"
+        # A token drawn under the row lock, and a new row's (``_group`` renders them too).
+        self.fresh, self.fresh_row = fresh, fresh_row
 
         # -- the schema: each statement runs only if its object is missing ---------------
 

@@ -19,7 +19,7 @@ import contextvars
 import itertools
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed
 from leasekit import LeaseBackendError, LeaseProviderClosed
 from leasekit.backend import drive_async
 
-from . import _ops
+from . import _group, _ops
 from ._commit import CommitWatch
 from ._options import (
     BACKEND,
@@ -196,6 +196,26 @@ class AsyncTransport:
             if self.closing:
                 raise LeaseProviderClosed(backend=BACKEND) from None
             raise
+
+    def run_alone(self, operation: Generator[Any, Any, _T], extra: Any) -> Coroutine[Any, Any, _T]:
+        """A group's member on a connection of its own (``leasekit.backend.GroupTransport``):
+        ``extra`` is ``(again, args)`` for :meth:`run`, or None (not run again)."""
+        if extra is None:
+            return self.run(operation)
+        again, args = extra
+        return self.run(operation, again, args)
+
+    def recover(
+        self,
+        error: BaseException,
+        alone: bool,
+        request: Any,
+        operation: Generator[Any, Any, _T],
+        extra: Any,
+    ) -> Coroutine[Any, Any, _T]:
+        """A member's answer after its statement (or its group's) failed (``_group``)."""
+        again, args = (None, ()) if extra is None else extra
+        return _group.recover(self, error, alone, request, operation, again, args)
 
     def start(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a group's statement in a task of its own (:meth:`close` stops it)."""

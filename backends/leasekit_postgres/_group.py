@@ -1,5 +1,9 @@
 """Operations that arrive together, decided together: the asyncio provider's groups.
 
+The queueing is the toolkit's (:mod:`leasekit.backend._group`, shared with MySQL);
+this module is what is PostgreSQL's: the grouped statements' parameters, how their
+rows split into each member's reply, and what a member does after its group failed.
+
 An acquire (or release, or renewal) made while the provider already has one of its kind
 in flight is not sent on a connection of its own: it waits in its kind's :class:`Group`,
 and when a statement of that kind ends, everything waiting goes out as one statement
@@ -37,151 +41,23 @@ connection of its calling thread, as before.
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
+
+from leasekit.backend import GROUP_IN_FLIGHT, MAX_GROUP, Group, resume
 
 from . import _ops
 from ._sql import Statements
 
-__all__ = ["Group", "Groups"]
+__all__ = ["IN_FLIGHT", "MAX_GROUP", "Groups", "recover"]
 
 _T = TypeVar("_T")
 
-MAX_GROUP = 256
-"""The most calls one statement decides (the rest wait for the next)."""
-
-IN_FLIGHT = 2
+IN_FLIGHT = GROUP_IN_FLIGHT
 """Statements of one kind a provider has in flight at once, alone or grouped."""
-
-
-class AsyncTransport(Protocol):
-    """What a group needs of the provider's transport (``_aio.AsyncTransport``)."""
-
-    def run(
-        self,
-        operation: _ops.Operation[_T],
-        again: Callable[..., _ops.Operation[_T]] | None = None,
-        args: tuple[Any, ...] = (),
-    ) -> Coroutine[Any, Any, _T]: ...
-
-    def retry(
-        self, operation: _ops.Operation[_T], exc: BaseException
-    ) -> Coroutine[Any, Any, _T]: ...
-
-    def exchange_once(self, query: _ops.Query) -> Coroutine[Any, Any, Any]: ...
-
-    def start(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
-
-
-class _Member:
-    """A waiting call: its key, the first query its operation yielded (not sent), and
-    the future its reply (or the group's error) arrives on; once sent, its group's
-    statement (``sending``) and whether its caller is gone."""
-
-    __slots__ = ("future", "gone", "key", "query", "sending")
-
-    def __init__(self, key: str, query: _ops.Query, future: asyncio.Future[Any]) -> None:
-        self.key = key
-        self.query = query
-        self.future = future
-        self.sending: _Sending | None = None
-        self.gone = False
-
-
-class _Sending:
-    """A group's statement in flight: its members, and the task that sends it."""
-
-    __slots__ = ("members", "task")
-
-    def __init__(self, members: list[_Member]) -> None:
-        self.members = members
-        self.task: asyncio.Task[None] | None = None
-
-
-class _Failed:
-    """The reply of a member whose group's statement raised ``error``."""
-
-    __slots__ = ("alone", "error")
-
-    def __init__(self, error: BaseException, *, alone: bool) -> None:
-        self.error = error
-        self.alone = alone  # its own statement, sent alone: the error is its own
-
-
-class Group:
-    """The calls of one kind: those in flight (by key) and those waiting.
-
-    ``statement`` is the grouped statement, ``params`` builds its parameters from the
-    members' single queries, and ``replies`` splits its rows into each member's reply.
-    """
-
-    __slots__ = ("busy", "grouped", "in_flight", "params", "replies", "statement", "waiting")
-
-    def __init__(
-        self,
-        statement: bytes,
-        params: Callable[[list[_ops.Query]], dict[str, Any]],
-        replies: Callable[[list[Any], int], list[Any]],
-    ) -> None:
-        self.statement = statement
-        self.params = params
-        self.replies = replies
-        self.in_flight = 0
-        self.busy: dict[str, int] = {}  # keys in flight: how many statements carry each
-        self.waiting: deque[_Member] = deque()
-        self.grouped = 0  # statements sent for two calls or more (for tests and curiosity)
-
-    def free(self, key: str) -> bool:
-        """Whether a call on ``key`` may go out now, alone."""
-        return self.in_flight < IN_FLIGHT and not self.waiting and key not in self.busy
-
-    def enter(self, key: str) -> None:
-        self.in_flight += 1
-        self.busy[key] = self.busy.get(key, 0) + 1
-
-    def leave(self, key: str) -> None:
-        self.in_flight -= 1
-        left = self.busy[key] - 1
-        if left:
-            self.busy[key] = left
-        else:
-            del self.busy[key]
-
-    def take(self) -> list[_Member]:
-        """The next group: waiting calls on distinct keys not in flight, in arrival order.
-
-        Counted in flight as one statement, each of its keys busy until it ends.
-        """
-        chosen: list[_Member] = []
-        kept: deque[_Member] = deque()
-        busy = self.busy
-        for member in self.waiting:
-            key = member.key
-            if len(chosen) < MAX_GROUP and key not in busy:
-                busy[key] = 1
-                chosen.append(member)
-            else:
-                kept.append(member)
-        self.waiting = kept
-        if chosen:
-            self.in_flight += 1
-        return chosen
-
-    def done(self, members: list[_Member]) -> None:
-        """A group's statement ended: its keys are free again."""
-        self.in_flight -= 1
-        busy = self.busy
-        for member in members:
-            left = busy[member.key] - 1
-            if left:
-                busy[member.key] = left
-            else:
-                del busy[member.key]
 
 
 class Groups:
@@ -195,22 +71,40 @@ class Groups:
 
     def __init__(self, sql: Statements, channel: str | None, lock_wait_ms: int) -> None:
         extra: dict[str, Any] = {"lock_timeout": f"{lock_wait_ms}ms"}
-        self.acquire = Group(
-            sql.acquire_group if channel is None else sql.acquire_group_notify,
-            partial(_with, _acquire_params, extra),
-            _rows_in_order,
+        self.acquire: Group[_ops.Query] = Group(
+            partial(
+                _send,
+                sql.acquire_group if channel is None else sql.acquire_group_notify,
+                partial(_with, _acquire_params, extra),
+                _rows_in_order,
+            )
         )
         if channel is None:
-            self.release = Group(
-                sql.release_group, partial(_with, _release_params, extra), _positions
+            release = partial(_with, _release_params, extra)
+            self.release: Group[_ops.Query] = Group(
+                partial(_send, sql.release_group, release, _positions)
             )
         else:
-            self.release = Group(
-                sql.release_group_notify,
-                partial(_with, _release_params, {**extra, "channel": channel}),
-                _positions,
-            )
-        self.renew = Group(sql.renew_group, partial(_with, _renew_params, extra), _positions)
+            release = partial(_with, _release_params, {**extra, "channel": channel})
+            self.release = Group(partial(_send, sql.release_group_notify, release, _positions))
+        self.renew: Group[_ops.Query] = Group(
+            partial(_send, sql.renew_group, partial(_with, _renew_params, extra), _positions)
+        )
+
+
+async def _send(
+    statement: bytes,
+    params: Callable[[list[_ops.Query]], dict[str, Any]],
+    replies: Callable[[list[Any], int], list[Any]],
+    io: Any,
+    queries: list[_ops.Query],
+) -> list[Any]:
+    """Send ``queries`` (sorted by key) as one statement (one query: its own); each
+    member's reply."""
+    if len(queries) == 1:
+        return [await io.exchange_once(queries[0])]
+    grouped = _ops.Query(statement, params(queries), "rows")
+    return replies(await io.exchange_once(grouped), len(queries))
 
 
 def _with(
@@ -258,162 +152,23 @@ def _positions(rows: list[Any], count: int) -> list[Any]:
     return counts
 
 
-# -- running a group ---------------------------------------------------------------------
-
-
-async def queued(  # noqa: PLR0917 (the provider's _send arguments, passed on)
-    io: AsyncTransport,
-    group: Group,
-    key: str,
-    operation: _ops.Operation[_T],
-    again: Callable[..., _ops.Operation[_T]] | None,
-    args: tuple[Any, ...],
-) -> _T:
-    """Run ``operation`` in ``group``'s next statement; what the call answers."""
-    query = next(operation)  # the single statement, not sent: its parameters join a group
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    member = _Member(key, query, future)
-    group.waiting.append(member)
-    pump(io, group)
-    try:
-        reply = await asyncio.shield(future)
-    except asyncio.CancelledError:
-        sending = member.sending
-        if sending is None:
-            # Taken out before anything was sent: nothing of it reaches the store.
-            group.waiting.remove(member)
-            operation.close()
-            raise
-        # Sent: the outcome is what the group decided for it; hand it on (to the
-        # toolkit, which undoes a grant its caller never learned of). Once every
-        # member is gone, the statement is cancelled, as a single call's would be.
-        member.gone = True
-        if sending.task is not None and all(m.gone for m in sending.members):
-            sending.task.cancel()
-        reply = await asyncio.shield(future)
-    if isinstance(reply, _Failed):
-        if member.gone:
-            operation.close()
-            raise asyncio.CancelledError  # nobody waits: the toolkit takes it as unknown
-        return await _alone(io, reply, query, operation, again, args)
-    try:
-        follow_up = operation.send(reply)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    # The operation goes on alone (a second read): on a connection of its own.
-    return await io.run(_rest(follow_up, operation))
-
-
-async def _alone(  # noqa: PLR0917 (the member's own, passed on)
-    io: AsyncTransport,
-    failed: _Failed,
+async def recover(  # noqa: PLR0917 (the member's own, passed on)
+    io: Any,
+    error: BaseException,
+    alone: bool,
     query: _ops.Query,
     operation: _ops.Operation[_T],
     again: Callable[..., _ops.Operation[_T]] | None,
     args: tuple[Any, ...],
 ) -> _T:
-    """After the group's statement failed: the member's own policy, alone."""
-    error = failed.error
+    """After the member's statement (or its group's) failed: its own policy, alone."""
     if isinstance(error, _ops.RETRIED):
         operation.close()
         if again is None:
             raise error  # it may have landed: an operation that may not run twice
-        return await io.retry(again(*args), error)
-    if failed.alone or not isinstance(error, psycopg.Error):
+        return await io.retry(again(*args), error)  # type: ignore[no-any-return]
+    if alone or not isinstance(error, psycopg.Error):
         operation.close()
         raise error  # its own statement's error, or the outcome is unknown
     # The group's transaction was rolled back: this member's statement, alone.
-    return await io.run(_rest(query, operation), again, args)
-
-
-def _rest(query: _ops.Query, operation: _ops.Operation[_T]) -> _ops.Operation[_T]:
-    """``operation`` from its query ``query`` (already yielded) on: an operation again."""
-    while True:
-        try:
-            reply = yield query
-        except GeneratorExit:  # noqa: PERF203 (the loop is the operation's)
-            operation.close()
-            raise
-        except BaseException as exc:  # noqa: BLE001 (thrown into the operation, as drive_async does)
-            try:
-                query = operation.throw(exc)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-        else:
-            try:
-                query = operation.send(reply)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-
-
-def pump(io: AsyncTransport, group: Group) -> None:
-    """Send the next group if its kind has room in flight and calls wait for it."""
-    while group.waiting and group.in_flight < IN_FLIGHT:
-        members = group.take()
-        if not members:
-            return
-        if len(members) > 1:
-            group.grouped += 1
-        sending = _Sending(members)
-        for member in members:
-            member.sending = sending
-        sending.task = task = io.start(_send(io, group, members))
-        # A callback, not the task's own code: it runs even if the task is cancelled
-        # before its first step.
-        task.add_done_callback(partial(_sent, io, group, members))
-
-
-async def _send(io: AsyncTransport, group: Group, members: list[_Member]) -> list[Any]:
-    """Send ``members`` as one statement (one member: its own); each member's reply."""
-    if len(members) == 1:
-        return [await io.exchange_once(members[0].query)]
-    members.sort(key=_by_key)
-    queries = [member.query for member in members]
-    grouped = _ops.Query(group.statement, group.params(queries), "rows")
-    return group.replies(await io.exchange_once(grouped), len(members))
-
-
-def _sent(
-    io: AsyncTransport, group: Group, members: list[_Member], task: asyncio.Task[Any]
-) -> None:
-    """A group's statement ended: hand out the replies (or the failure), free its keys."""
-    if task.cancelled():
-        replies: list[Any] = [_Failed(asyncio.CancelledError(), alone=True)] * len(members)
-    elif (error := task.exception()) is not None:
-        replies = [_Failed(error, alone=len(members) == 1)] * len(members)
-    else:
-        replies = task.result()
-    _hand_out(members, replies)
-    group.done(members)
-    pump(io, group)
-
-
-def _by_key(member: _Member) -> bytes:
-    return member.query.params["key"]  # type: ignore[index,no-any-return]
-
-
-def _hand_out(members: list[_Member], replies: list[Any]) -> None:
-    for member, reply in zip(members, replies, strict=True):
-        if not member.future.done():
-            member.future.set_result(reply)
-
-
-async def grouped(  # noqa: PLR0917 (the provider's _send arguments, passed on)
-    io: AsyncTransport,
-    group: Group,
-    key: str,
-    operation: _ops.Operation[_T],
-    again: Callable[..., _ops.Operation[_T]] | None,
-    args: tuple[Any, ...],
-) -> _T:
-    """Run ``operation`` of ``group`` on ``key``: at once, alone, if nothing of its kind
-    is in flight and nothing waits; else in the next group."""
-    if not group.free(key):
-        return await queued(io, group, key, operation, again, args)
-    group.enter(key)
-    try:
-        return await io.run(operation, again, args)
-    finally:
-        group.leave(key)
-        if group.waiting:
-            pump(io, group)
+    return await io.run(resume(query, operation), again, args)  # type: ignore[no-any-return]

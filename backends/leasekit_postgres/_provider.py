@@ -36,6 +36,7 @@ from leasekit.backend import (
     RenewItem,
     SlotGrant,
     SyncBackendProvider,
+    grouped,
     metadata_for,
 )
 
@@ -43,7 +44,7 @@ from . import _ops, _slots, _sql
 from ._aio import AsyncClient, AsyncTransport, log, own_pool
 from ._blocking import BlockingTransport
 from ._blocking import own_pool as own_blocking_pool
-from ._group import Groups, grouped
+from ._group import Groups
 from ._notify import PostgresReleaseListener
 from ._options import (
     BACKEND,
@@ -220,7 +221,8 @@ class PostgresLeaseProvider(_PostgresProvider, BackendProvider):
         if group is None or key is None:
             call = self._io.run(operation, again, args)
         else:
-            call = grouped(self._io, getattr(self._groups, group), key, operation, again, args)
+            extra = (again, args)
+            call = grouped(self._io, getattr(self._groups, group), key, operation, extra)
         if grant is not None and self._undos and key is not None:
             return self._after_undo_then(key, grant, call)
         return self._call_detached(call, key, grant)

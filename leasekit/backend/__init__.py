@@ -43,6 +43,11 @@ capabilities. Everything else is here, once:
 
 - :class:`SupportsSlots`: counting leases (``Capabilities(slots=True)``), checked by
   the conformance suite's ``SlotChecks``.
+- :class:`Group`, :func:`grouped` and :class:`GroupTransport`: calls of one kind that
+  arrive while one is in flight wait and go out together, as one statement of the
+  backend's, each caller keeping its own answer, error, deadline and arrival order per
+  key (:func:`join_group`, :func:`send_waiting`, :func:`resume`, :func:`resume_with`
+  for a backend that runs a free call itself).
 - :func:`metadata_for`: checks an acquire's or transfer's ``metadata=`` before any
   I/O (size, type, and the ``Capabilities.metadata`` the provider declares).
 
@@ -59,6 +64,17 @@ from ._errors import ErrorMap, map_errors
 from ._fair import FAIR_PLACE_TTL_MS, SupportsFairWaiting
 from ._fork import ForkAware, Rebuild, keep_forever, on_fork_in_child
 from ._gate import FifoGate
+from ._group import (
+    GROUP_IN_FLIGHT,
+    MAX_GROUP,
+    Group,
+    GroupTransport,
+    grouped,
+    join_group,
+    resume,
+    resume_with,
+    send_waiting,
+)
 from ._notify import (
     ReleaseHub,
     ReleaseWatch,
@@ -101,6 +117,8 @@ from ._urls import (
 
 __all__ = [
     "FAIR_PLACE_TTL_MS",
+    "GROUP_IN_FLIGHT",
+    "MAX_GROUP",
     "RENEW_BATCH_LIMIT",
     "BackendProvider",
     "Deadlines",
@@ -109,6 +127,8 @@ __all__ = [
     "FifoGate",
     "ForkAware",
     "Grant",
+    "Group",
+    "GroupTransport",
     "LeaseRecord",
     "Operation",
     "Option",
@@ -144,12 +164,17 @@ __all__ = [
     "coerce_bool",
     "drive",
     "drive_async",
+    "grouped",
+    "join_group",
     "keep_forever",
     "map_errors",
     "metadata_for",
     "on_fork_in_child",
     "parse_url",
     "redact_url",
+    "resume",
+    "resume_with",
+    "send_waiting",
     "stop_task",
     "supports",
     "sync_factory",
