@@ -94,7 +94,9 @@ async def test_elect_with_two_slots_elects_two_leaders() -> None:
 
 def test_the_blocking_api_holds_slots_from_threads(url: str) -> None:
     limit, threads, rounds = 2, 6, 5
-    counted = leasekit.sync.wrap(leasekit.counting(leasekit.connect(url), limit, close=True))
+    counted = leasekit.sync.wrap(
+        leasekit.counting(leasekit.connect(url), limit, close=True), close=True
+    )
     with counted as pool, leasekit.sync.connect(url) as store:
         inside = most = 0
         problems: list[str] = []
