@@ -240,7 +240,9 @@ def row_locked(url: str, table: str, key: bytes = b"k") -> Iterator[Any]:
 def test_a_statement_stalled_by_a_row_lock_is_a_timeout_and_the_pool_recovers(
     url: str, mysql_table: str
 ) -> None:
-    timeout_s = 0.5
+    # Long enough to open on a loaded machine (the schema read, a fresh connection);
+    # the statement stalled by the row lock runs into it all the same.
+    timeout_s = 2.0
     create_schema(url)
     with leasekit.sync.connect(url, timeout_s=timeout_s, pool_max_size=1) as leases:
         assert leases.acquire_lease("k", "a", LONG_TTL_MS).acquired
