@@ -407,7 +407,7 @@ class Statements:
                 IN p_key VARBINARY(1024), IN p_owner VARBINARY(1024), IN p_ttl_us BIGINT,
                 IN p_limit INT, IN p_exclusive BOOLEAN, IN p_intent_us BIGINT, IN p_shown INT)
             MODIFIES SQL DATA
-            take: BEGIN
+            BEGIN
                 DECLARE v_limit INT;
                 DECLARE v_last BIGINT;
                 DECLARE v_claim VARBINARY(1024);
@@ -423,38 +423,6 @@ class Statements:
                 DECLARE v_waiting VARBINARY(1024) DEFAULT NULL;
                 {rollback}
                 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- no gap locks
-                SET SESSION group_concat_max_len = GREATEST(@@group_concat_max_len, 65536);
-                IF NOT p_exclusive THEN
-                    -- A shared request by an owner with no slot of the key, which is
-                    -- full (or kept for a writer): denied from one plain read, without
-                    -- queueing for the key's lock. One statement reads one snapshot,
-                    -- taken when it starts: every slot it counts live existed then and
-                    -- expires after the clock read that counts it, so the key was full at
-                    -- the snapshot, and the denial is the truth as of that instant. Most
-                    -- of a hot key's calls are such denials: 64 callers on one key
-                    -- otherwise each waited in the lock's queue for a full procedure.
-                    SELECT
-                        (SELECT slot_limit FROM {keys} WHERE lease_key = p_key),
-                        (SELECT intent FROM {keys}
-                            WHERE lease_key = p_key AND intent_expires_at > {NOW_UTC}),
-                        (SELECT COUNT(*) FROM {slots}
-                            WHERE lease_key = p_key AND expires_at > {NOW_UTC}),
-                        (SELECT COUNT(*) FROM {slots}
-                            WHERE lease_key = p_key AND expires_at > {NOW_UTC} AND is_exclusive),
-                        (SELECT COUNT(*) FROM {slots} WHERE lease_key = p_key AND owner = p_owner)
-                    INTO v_limit, v_claim, v_held, v_exclusives, v_others;
-                    IF v_limit = p_limit AND v_others = 0
-                        AND (v_held >= p_limit OR v_exclusives > 0 OR v_claim IS NOT NULL) THEN
-                        SET v_holders = (
-                            SELECT GROUP_CONCAT(HEX(owner) ORDER BY token SEPARATOR ',')
-                            FROM (SELECT owner, token FROM {slots}
-                                WHERE lease_key = p_key AND expires_at > {NOW_UTC}
-                                ORDER BY token LIMIT p_shown) AS shown);
-                        SELECT FALSE, NULL, v_held, p_limit, v_holders, v_exclusives > 0,
-                            IF(v_claim = p_owner, NULL, v_claim);
-                        LEAVE take;
-                    END IF;
-                END IF;
                 START TRANSACTION;
                 INSERT INTO {keys} (lease_key, slot_limit, last_token) VALUES (p_key, p_limit, 0)
                     ON DUPLICATE KEY UPDATE lease_key = lease_key;
@@ -496,8 +464,8 @@ class Statements:
                             intent_expires_at = {NOW_UTC} + INTERVAL p_intent_us MICROSECOND
                             WHERE lease_key = p_key;
                     END IF;
-                    -- 16 owners of up to 1024 bytes, hex: never cut short (the length
-                    -- was raised above).
+                    -- 16 owners of up to 1024 bytes, hex: never cut short.
+                    SET SESSION group_concat_max_len = GREATEST(@@group_concat_max_len, 65536);
                     SET v_holders = (SELECT GROUP_CONCAT(HEX(owner) ORDER BY token SEPARATOR ',')
                         FROM (SELECT owner, token FROM {slots} WHERE lease_key = p_key
                             ORDER BY token LIMIT p_shown) AS shown);
