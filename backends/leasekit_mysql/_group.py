@@ -34,13 +34,23 @@ never reused: its connection is closed, so an unfinished transaction is rolled b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol
 
 from ._ops import Request
 from ._sql import NOW_UTC, Statements
 
-if TYPE_CHECKING:
-    from ._aio import AioTransport
+
+class AioTransport(Protocol):
+    """What a group is sent through: ``_aio.AioTransport`` (a protocol, so this module
+    does not import the transport that imports it)."""
+
+    def group_statements(self) -> GroupStatements: ...
+
+    def exchange_one(self, request: Request) -> Coroutine[Any, Any, Any]: ...
+
+    async def exchange_group(self, sql: str, params: Mapping[str, Any]) -> list[Any]: ...
+
 
 __all__ = ["LOCK_WAIT_S", "GroupStatements", "send_acquires", "send_releases", "send_renewals"]
 

@@ -1,5 +1,9 @@
 """The MySQL providers, async and blocking: lifecycle only.
 
+One module, over 500 lines: both providers and the extras beyond the contract
+(records, slots, fair waiting, inspect, migrate, sweep) are thin methods that build an
+``_ops`` operation and send it; split, each half would import the other's options.
+
 Both run the operations of ``_ops`` (statements in ``_sql``), parse their options with
 ``_options`` and map errors with its table; :class:`MySQLLeaseProvider` sends them
 through asyncmy (``_aio``) inside :class:`~leasekit.backend.BackendProvider`'s bounded
