@@ -281,6 +281,12 @@ async def run(
         await ready()
         current = transport()
         assert current is not None
+    return await _drive(current, operation)
+
+
+async def _drive(current: AioTransport, operation: Op[_T]) -> _T:
+    """Drive ``operation`` on a session of ``current``: sessions cut off before are
+    ended on the server first (``_ops.fence``); the connection goes back, however it ends."""
     session = _Session(current)
     try:
         if current.dropped:
@@ -315,16 +321,9 @@ async def run_grouped(
         return await join_group(current, group, key, operation)
     group.in_flight += 1
     busy[key] = busy.get(key, 0) + 1
-    session = _Session(current)
     try:
-        if current.dropped:
-            fenced = tuple(current.dropped)
-            await drive_async(_ops.fence(fenced), session.exchange)
-            current.dropped.difference_update(fenced)
-        return await drive_async(operation, session.exchange)
+        return await _drive(current, operation)
     finally:
-        if session.placed:
-            current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
         group.in_flight -= 1
         left = busy[key] - 1
         if left:
