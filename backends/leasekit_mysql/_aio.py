@@ -80,6 +80,7 @@ class AioTransport:
         "_options",
         "_statements",
         "acquires",
+        "callers_pool",
         "dropped",
         "pool",
         "releases",
@@ -90,6 +91,9 @@ class AioTransport:
         self, pool: Pool | None, options: Mapping[str, Any] | None, statements: Statements
     ) -> None:
         self.pool = pool
+        # Only a caller's pool can hand out a connection with autocommit off (its own
+        # default, or switched by the caller); the transport's own is built with it on.
+        self.callers_pool = pool is not None
         self._options = dict(options or {})
         # asyncmy hands a freed connection to whoever asks next, and a task that checks
         # one in and at once out again asks before any waiter wakes: waiters starve for
@@ -343,9 +347,10 @@ class _Session:
         sql, params, reads = request
         cursor = self.cursor
         if cursor is None:  # the operation's first statement
-            conn = self.conn = await self.transport._checkout()
+            transport = self.transport
+            conn = self.conn = await transport._checkout()
             self.placed = True
-            if not conn.get_autocommit():
+            if transport.callers_pool and not conn.get_autocommit():
                 _check_autocommit(conn)
             cursor = self.cursor = conn.cursor()
         elif not self.healthy:
