@@ -216,7 +216,14 @@ async def fail_over_once(
     ]
     round_ = Round()
     try:
+        # Until the workers hold keys (``workers`` of them), or before_s at the least: on
+        # a loaded machine, or with min_replicas while the replica is still catching up
+        # after the last round's rejoin, nothing may be granted in before_s, and a round
+        # with nothing believed held proves nothing (bounded, as after the failover).
+        deadline = time.monotonic() + 20.0
         await asyncio.sleep(before_s)
+        while len(ledger.held) < workers and time.monotonic() < deadline:  # noqa: ASYNC110 (a count and a deadline, polled)
+            await asyncio.sleep(0.05)
         # Which server is the primary now, as the sentinels say (on a loaded machine
         # they may have failed over once more on their own since the last round).
         await asyncio.to_thread(group.settle_roles)

@@ -860,6 +860,19 @@ class RedisSentinelGroup(Started):
         """Wait until the sentinels agree on the primary (either server) and its replica."""
         self._wait(self._settled_either_way, "the sentinels do not agree on a primary")
 
+    def ready(self) -> None:
+        """:meth:`settle_roles`, then wait until the replica's link to the primary is up.
+
+        What a test sharing the group starts from: on a loaded machine the sentinels
+        may have failed over on their own since the last test (the roles swapped), or
+        the replica may still be in a full sync.
+        """
+        self.settle_roles()
+        self._wait(
+            lambda: self.replica.info("replication").get("master_link_status") == "up",
+            f"{self.replica} is not in sync with {self.primary}",
+        )
+
     def fail_over(self) -> RedisServer:
         """Kill the primary, wait for its replica's promotion, rejoin it; the new primary."""
         self.kill_primary()

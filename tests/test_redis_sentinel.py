@@ -52,11 +52,20 @@ def _binaries() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinelGroup]:
+def shared_sentinel_group(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisSentinelGroup]:
     """A primary, a replica and three sentinels, shared by this module's tests."""
     server, sentinel = _binaries()
     with RedisSentinelGroup(server, sentinel, tmp_path_factory.mktemp("sentinel")) as group:
         yield group
+
+
+@pytest.fixture
+def sentinel_group(shared_sentinel_group: RedisSentinelGroup) -> RedisSentinelGroup:
+    """The shared group, its roles as the sentinels see them now and its replica in sync."""
+    shared_sentinel_group.ready()
+    return shared_sentinel_group
 
 
 @pytest.fixture

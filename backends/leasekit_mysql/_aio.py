@@ -10,7 +10,7 @@ on the server: the next operation first ends that session there (``_ops.fence``)
 nothing sent later can be overtaken by it. Deadlines and error mapping are the
 provider's (``BackendProvider._call``).
 
-Acquires, releases and renewals go through :func:`run_grouped`: alone when nothing of
+Acquires, releases and renewals run as a ``kind`` of :func:`run`: alone when nothing of
 their kind is in flight, else together with the others waiting, in one statement
 (``_group``, :mod:`leasekit.backend._group`).
 """
@@ -43,7 +43,7 @@ from ._group import GroupStatements, send_acquires, send_releases, send_renewals
 from ._ops import Op, Request, Statements
 from ._options import BACKEND, LOST, MySQLSettings, error_code
 
-__all__ = ["AioTransport", "pool_options", "run", "run_grouped"]
+__all__ = ["AioTransport", "pool_options", "run"]
 
 _T = TypeVar("_T")
 
@@ -268,25 +268,37 @@ async def run(
     transport: Callable[[], AioTransport | None],
     ready: Callable[[], Awaitable[object]],
     operation: Op[_T],
+    kind: str | None = None,
+    key: str = "",
 ) -> _T:
     """Drive ``operation`` on a connection of ``transport()``, after ``await ready()`` if None.
 
     Both are asked only when the call starts: a provider rebuilt in between (a new loop,
     a fork) answers with its new transport, and makes its new schema ready first. The
     connection is checked out at the first statement and given back when the operation
-    ends, however it ends.
+    ends, however it ends. Sessions cut off before are ended on the server first
+    (``_ops.fence``).
+
+    ``kind``: a call that groups (the transport's ``acquires``, ``releases`` or
+    ``renewals``) on ``key``; it runs alone, as any other, if nothing of its kind is in
+    flight on ``key`` or waits, else in the next group. One coroutine for both: every
+    acquire, release and renewal passes here, and a frame more costs each of them.
     """
     current = transport()
     if current is None:
         await ready()
         current = transport()
         assert current is not None
-    return await _drive(current, operation)
-
-
-async def _drive(current: AioTransport, operation: Op[_T]) -> _T:
-    """Drive ``operation`` on a session of ``current``: sessions cut off before are
-    ended on the server first (``_ops.fence``); the connection goes back, however it ends."""
+    group: Group[Request] | None = None
+    if kind is not None:
+        group = getattr(current, kind)
+        busy = group.busy
+        # Group.free and enter, inline. Alone, the call is its key's only one in flight
+        # (another on the key waits for a group), so the key's count is 1.
+        if group.in_flight >= group.limit or group.waiting or key in busy:
+            return await join_group(current, group, key, operation)
+        group.in_flight += 1
+        busy[key] = 1
     session = _Session(current)
     try:
         if current.dropped:
@@ -297,41 +309,11 @@ async def _drive(current: AioTransport, operation: Op[_T]) -> _T:
     finally:
         if session.placed:
             current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
-
-
-async def run_grouped(
-    transport: Callable[[], AioTransport | None],
-    ready: Callable[[], Awaitable[object]],
-    operation: Op[_T],
-    kind: str,
-    key: str,
-) -> _T:
-    """:func:`run`, for a call of a ``kind`` that groups (the transport's ``acquires``,
-    ``releases`` or ``renewals``): alone, as :func:`run`, if nothing of its kind is in
-    flight on ``key`` or waits; else in the next group."""
-    current = transport()
-    if current is None:
-        await ready()
-        current = transport()
-        assert current is not None
-    group: Group[Request] = getattr(current, kind)
-    busy = group.busy
-    # Group.free, enter and leave, inline: every acquire, release and renewal passes here.
-    if group.in_flight >= group.limit or group.waiting or key in busy:
-        return await join_group(current, group, key, operation)
-    group.in_flight += 1
-    busy[key] = busy.get(key, 0) + 1
-    try:
-        return await _drive(current, operation)
-    finally:
-        group.in_flight -= 1
-        left = busy[key] - 1
-        if left:
-            busy[key] = left
-        else:
-            del busy[key]
-        if group.waiting:
-            send_waiting(current, group)
+        if group is not None:  # Group.leave, inline
+            group.in_flight -= 1
+            del group.busy[key]
+            if group.waiting:
+                send_waiting(current, group)
 
 
 class _Session:
@@ -363,7 +345,8 @@ class _Session:
         if cursor is None:  # the operation's first statement
             conn = self.conn = await self.transport._checkout()
             self.placed = True
-            _check_autocommit(conn)
+            if not conn.get_autocommit():
+                _check_autocommit(conn)
             cursor = self.cursor = conn.cursor()
         elif not self.healthy:
             cursor = await self._reconnect()

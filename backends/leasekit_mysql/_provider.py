@@ -141,7 +141,7 @@ class MySQLLeaseProvider(BackendProvider):
     ) -> Awaitable[_T]:
         """:meth:`_run` for a call that goes out with others of its ``kind`` in flight
         (the transport's ``acquires``, ``releases``, ``renewals``: ``_group``)."""
-        call = _aio.run_grouped(self._ready_transport, self._connect, op, kind, key)
+        call = _aio.run(self._ready_transport, self._connect, op, kind, key)
         return self._call(call, key, grant)
 
     def _ready_transport(self) -> AioTransport | None:
