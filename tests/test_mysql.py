@@ -1183,3 +1183,39 @@ async def test_a_slot_acquire_waits_for_the_keys_lock_and_counts_what_its_holder
             results = await asyncio.gather(*racing)
         assert [(r.acquired, r.held, r.holders) for r in results] == [(False, 1, ("x",))] * 2
         assert [r.owner for r in await provider.get_slot_holders("k")] == ["x"]
+
+
+async def test_a_slot_acquire_runs_its_transaction_at_read_committed(
+    mysql_url: str, mysql_table: str
+) -> None:
+    # The procedures say "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" right before
+    # their START TRANSACTION: no gap locks, so that their range delete cannot deadlock
+    # with a renew or release. That level is for the next transaction only, and an
+    # autocommit statement between the two uses it up (issue 26: a read placed there
+    # left the procedure's transaction at the session's REPEATABLE READ). Asked while
+    # the procedure waits for the key's lock, InnoDB names the level it runs at.
+    keys = quoted(f"{mysql_table}_slot_keys")
+    async with MySQLLeaseProvider.from_url(mysql_url, table=mysql_table) as provider:
+        await provider.migrate()
+        async with admin(mysql_url) as cursor:
+            await cursor.execute(f"INSERT INTO {keys} VALUES ('k', 1, 0, NULL, NULL)")
+            await cursor.execute("START TRANSACTION")
+            await cursor.execute(f"SELECT 1 FROM {keys} WHERE lease_key = 'k' FOR UPDATE")
+            call = asyncio.ensure_future(provider.acquire_slot("k", "a", LONG_MS, limit=1))
+            levels: list[Any] = []
+
+            async def waiting() -> bool:
+                # innodb_trx is refreshed only after 0.1 s unread (see running_on).
+                await asyncio.sleep(0.15)
+                await cursor.execute(
+                    "SELECT trx_isolation_level FROM information_schema.innodb_trx"
+                    " WHERE trx_state = 'LOCK WAIT' AND LOCATE(%s, trx_query) > 0",
+                    (mysql_table.rpartition(".")[2],),
+                )
+                levels[:] = [level for (level,) in await cursor.fetchall()]
+                return bool(levels)
+
+            await eventually(waiting, "the acquire to wait for the key's lock")
+            await cursor.execute("COMMIT")
+            assert (await call).acquired
+    assert levels == ["READ COMMITTED"]

@@ -332,6 +332,15 @@ class Statements:
         REPEATABLE READ deadlocked a procedure's range delete against a single-row
         renew or release of the same key. A failure inside rolls back (the handler)
         and reaches the client.
+
+        Every decision waits for the key's lock, denials too (issue 26). A statement's
+        snapshot on MariaDB is not a point in time: built while others commit, it may
+        show a later commit without an earlier one, so a read outside the lock may
+        count a take's new slot beside the one the release before it freed (a denial
+        counting 4 holders of 3). Under the lock no grant commits while the snapshot
+        is built: the count is never above the truth. Nor may any statement come
+        between ``SET TRANSACTION`` and ``START TRANSACTION``: it would use up the
+        level, and the transaction would run at the session's (REPEATABLE READ).
         """
         t, keys, slots = table.quoted(), table.quoted("_slot_keys"), table.quoted("_slots")
         line, line_keys = table.quoted("_line"), table.quoted("_line_keys")
