@@ -111,13 +111,19 @@ class Schema:
         return LeaseBackendError(f"table {self.table} {problem}", backend=BACKEND)
 
 
-def _retrying(body: Callable[..., Op[_T]], *args: Any, idempotent: bool = True) -> Op[_T]:
+def _retrying(
+    body: Callable[..., Op[_T]],
+    *args: Any,
+    idempotent: bool = True,
+    attempts: int = _ATTEMPTS,
+) -> Op[_T]:
     """``body(*args)``, run again after a deadlock, or once more after a lost connection.
 
     Not after a lost connection that was a timeout (the deadline has passed), and not
     for an operation that is not ``idempotent`` (a transfer that ran before the
     connection died would report False the second time). The transport sends the
-    next statement after a lost connection on a fresh one.
+    next statement after a lost connection on a fresh one. ``attempts``: how many
+    times a deadlock victim runs in all.
     """
     attempt = 0
     while True:
@@ -125,10 +131,12 @@ def _retrying(body: Callable[..., Op[_T]], *args: Any, idempotent: bool = True) 
         try:
             return (yield from body(*args))
         except Exception as exc:  # noqa: BLE001 (re-raised unless retried)
-            _retry_or_raise(exc, attempt, idempotent=idempotent)
+            _retry_or_raise(exc, attempt, idempotent=idempotent, attempts=attempts)
 
 
-def _retry_or_raise(exc: Exception, attempt: int, *, idempotent: bool) -> None:
+def _retry_or_raise(
+    exc: Exception, attempt: int, *, idempotent: bool, attempts: int = _ATTEMPTS
+) -> None:
     """Return if the operation that raised ``exc`` at ``attempt`` runs again; else raise it.
 
     The one retry policy. The contract's operations apply it themselves, in their own
@@ -136,7 +144,7 @@ def _retry_or_raise(exc: Exception, attempt: int, *, idempotent: bool) -> None:
     """
     code = error_code(exc)
     lost = code in LOST and not isinstance(exc.__context__, TimeoutError)
-    if attempt >= _ATTEMPTS or not (code == DEADLOCK or (lost and idempotent and attempt == 1)):
+    if attempt >= attempts or not (code == DEADLOCK or (lost and idempotent and attempt == 1)):
         raise exc
     _log.info("retrying after %s", exc)
 
