@@ -309,6 +309,12 @@ class ServerProcess(Started):
         _RUNNING.discard(self)
         if process is None:
             return
+        # Reaped before this call (its exit seen by a poll() since): its pid may have
+        # been handed out again by now (pid_max is 32,768 here, and the suite makes
+        # threads and processes by the thousand), so its group is not signalled: that
+        # could kill a stranger, such as another test's server that leads a group of
+        # the same number.
+        reaped_before = process.returncode is not None
         if process.poll() is None:
             # A stopped process would hold SIGTERM pending forever; wake it first.
             self._signal_group(process, signal.SIGCONT)
@@ -318,8 +324,10 @@ class ServerProcess(Started):
             except subprocess.TimeoutExpired:
                 self._signal_group(process, signal.SIGKILL)
                 process.wait(self.stop_timeout_s)
-        # Children the server forked (if any) die with the group, even after it exited.
-        self._signal_group(process, signal.SIGKILL)
+        # Children the server forked (if any) die with the group, even after it exited,
+        # right after the leader was reaped: its pid is not handed out again so soon.
+        if not reaped_before:
+            self._signal_group(process, signal.SIGKILL)
         self._paused = False
 
     @staticmethod

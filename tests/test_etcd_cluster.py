@@ -186,6 +186,7 @@ async def test_lost_quorum_is_typed_errors_and_a_restored_one_resumes(
     down = [m for m in private_etcd_cluster.members if m not in live]
     assert not down, "\n".join(f"{m.member_name}: {m.log_tail(20)}" for m in down)
     follower = next(m for m in private_etcd_cluster.members if m is not leader)
+    survivor = next(m for m in private_etcd_cluster.members if m not in (leader, follower))
     leader.kill()
     follower.kill()
     # One member of three: no quorum. Every call fails, typed, within the timeout;
@@ -206,7 +207,11 @@ async def test_lost_quorum_is_typed_errors_and_a_restored_one_resumes(
         assert info.value.backend == "etcd"
         # One member still answers ("no leader"): the cluster is not unreachable, it
         # cannot decide; a timeout, or a write cut off by the kill (outcome unknown).
-        assert not isinstance(info.value, leasekit.LeaseBackendUnreachable), info.value
+        assert not isinstance(info.value, leasekit.LeaseBackendUnreachable), (
+            info.value,
+            f"survivor {survivor!r}",  # running, or ended by something else?
+            survivor.log_tail(10),
+        )
     # Quorum back: the cluster heals and service resumes.
     leader.start()
     follower.start()
