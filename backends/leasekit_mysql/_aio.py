@@ -171,7 +171,7 @@ class AioTransport:
         failed midway leaves the transaction open.
         """
         conn = await self._checkout()
-        if not conn.get_autocommit():
+        if self.callers_pool and not conn.get_autocommit():
             self._checkin(conn, healthy=True)
             _check_autocommit(conn)
         healthy = cut = False
@@ -297,12 +297,11 @@ async def run(
     if kind is not None:
         group = getattr(current, kind)
         busy = group.busy
-        # Group.free and enter, inline. Alone, the call is its key's only one in flight
-        # (another on the key waits for a group), so the key's count is 1.
+        # Group.free and enter, inline (every acquire, release and renewal passes here).
         if group.in_flight >= group.limit or group.waiting or key in busy:
             return await join_group(current, group, key, operation)
         group.in_flight += 1
-        busy[key] = 1
+        busy.add(key)
     session = _Session(current)
     try:
         if current.dropped:
@@ -315,7 +314,7 @@ async def run(
             current._checkin(session.conn, healthy=session.healthy, cut=session.cut)
         if group is not None:  # Group.leave, inline
             group.in_flight -= 1
-            del group.busy[key]
+            group.busy.discard(key)
             if group.waiting:
                 send_waiting(current, group)
 

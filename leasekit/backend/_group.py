@@ -159,7 +159,9 @@ class Group(Generic[_Q]):
         self.limit = in_flight
         self.most = most
         self.in_flight = 0
-        self.busy: dict[str, int] = {}  # keys in flight: how many statements carry each
+        # Keys in flight. A key enters only when it is not in already (alone after
+        # free(), or in a group that skips busy keys): one statement carries it at most.
+        self.busy: set[str] = set()
         self.waiting: deque[_Member] = deque()
         self.grouped = 0  # statements sent for two calls or more (for tests and curiosity)
 
@@ -170,16 +172,12 @@ class Group(Generic[_Q]):
     def enter(self, key: str) -> None:
         """A call on ``key`` goes out alone (after :meth:`free`)."""
         self.in_flight += 1
-        self.busy[key] = self.busy.get(key, 0) + 1
+        self.busy.add(key)
 
     def leave(self, key: str) -> None:
         """The call on ``key`` that went out alone ended."""
         self.in_flight -= 1
-        left = self.busy[key] - 1
-        if left:
-            self.busy[key] = left
-        else:
-            del self.busy[key]
+        self.busy.discard(key)
 
     def _take(self) -> list[_Member]:
         """The next group: waiting calls on distinct keys not in flight, in arrival order.
@@ -192,7 +190,7 @@ class Group(Generic[_Q]):
         for member in self.waiting:
             key = member.key
             if len(chosen) < most and key not in busy:
-                busy[key] = 1
+                busy.add(key)
                 chosen.append(member)
             else:
                 kept.append(member)
@@ -204,13 +202,7 @@ class Group(Generic[_Q]):
     def _done(self, members: list[_Member]) -> None:
         """A group's statement ended: its keys are free again."""
         self.in_flight -= 1
-        busy = self.busy
-        for member in members:
-            left = busy[member.key] - 1
-            if left:
-                busy[member.key] = left
-            else:
-                del busy[member.key]
+        self.busy.difference_update(member.key for member in members)
 
 
 async def grouped(
